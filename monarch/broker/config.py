@@ -1,0 +1,58 @@
+"""Runtime settings, read from ``MONARCH_*`` environment variables.
+
+Every setting has a default that works on one machine with no setup. Values
+are validated with pydantic, so a typo such as ``MONARCH_HEARTBEAT_TIMEOUT=abc``
+fails at start-up with a message naming the variable instead of later and
+somewhere else.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+ENV_PREFIX = "MONARCH_"
+
+
+class Settings(BaseModel):
+    """The validated ``MONARCH_*`` environment."""
+
+    nats_url: str | None = Field(
+        None, description="Broker URL(s), comma separated. Unset: start an embedded nats-server."
+    )
+    namespace: str = Field(
+        "default", pattern=r"^[A-Za-z0-9_-]+$", description="First token after 'mon.' in subjects."
+    )
+    heartbeat_interval: float = Field(0.5, gt=0, description="Seconds between heartbeats.")
+    heartbeat_timeout: float = Field(3.0, gt=0, description="Silence before a peer is dead.")
+    pickle: bool = Field(True, description="Allow cloudpickle for values msgpack cannot carry.")
+    wire: Literal["msgpack", "json"] = Field("msgpack", description="Body encoding.")
+    nats_server: str | None = Field(None, description="Path of the nats-server binary to run.")
+    stop_timeout: float = Field(10.0, gt=0, description="Seconds a graceful stop may take.")
+    spawn_timeout: float = Field(60.0, gt=0, description="Seconds for procs to come up.")
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        values = {}
+        for name in cls.model_fields:
+            raw = env.get(ENV_PREFIX + name.upper())
+            if raw is not None and raw != "":
+                values[name] = raw
+        try:
+            return cls(**values)
+        except ValidationError as e:
+            problems = "; ".join(
+                f"{ENV_PREFIX}{'.'.join(map(str, err['loc'])).upper()}: {err['msg']}"
+                for err in e.errors()
+            )
+            raise ValueError(f"invalid monarch environment: {problems}") from None
+
+
+@functools.lru_cache(maxsize=1)
+def settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings.from_env()
