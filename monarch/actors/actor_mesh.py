@@ -1,0 +1,293 @@
+"""``ActorMesh``: a reference to actors spawned on a proc mesh, and how messages reach them.
+
+A mesh reference is a view (see :mod:`monarch.actors.shape`) plus the shared
+:class:`MeshState` of the actors behind it. Sending encodes the arguments on
+the caller's thread (so a bad value fails right there), then hands one closure
+to the runtime loop, which publishes once per subject token list of the view
+(usually once: the server fans it out). Replies come back to a port of the
+caller's proc and are gathered by a :class:`Gather`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from monarch.actors import messages as m
+from monarch.actors.context import sender_id
+from monarch.actors.endpoint import ActorEndpoint, EndpointProperty, endpoints_of
+from monarch.actors.errors import (
+    MeshStoppedError,
+    NoActorError,
+    NotAnEndpointError,
+    SpawnError,
+    SupervisionError,
+)
+from monarch.actors.future import Future
+from monarch.actors.mesh_ops import MeshShapeOps
+from monarch.actors.runtime import Runtime, runtime
+from monarch.actors.shape import Extent, View
+from monarch.actors.value_mesh import ValueMesh
+from monarch.broker import subjects
+from monarch.broker.codec import dumps
+
+if TYPE_CHECKING:
+    from nats.aio.msg import Msg
+
+A = TypeVar("A")
+_seq = itertools.count(1)
+
+
+class MessageTooLargeError(ValueError):
+    """An encoded message exceeds the broker's ``max_payload``."""
+
+
+class MeshState:
+    """What every view of one actor mesh shares. Mutated on the runtime loop only."""
+
+    def __init__(
+        self, rt: Runtime, name: str, uid: str, cls: type | None, class_name: str, base: Extent
+    ) -> None:
+        self.rt = rt
+        self.name = name
+        self.uid = uid
+        self.cls = cls
+        self.class_name = class_name
+        self.base = base
+        self.endpoints: dict[str, EndpointProperty] = endpoints_of(cls) if cls is not None else {}
+        self.ready = False
+        self.error: BaseException | None = None
+        self.stopped: str | None = None  # why, once stopped
+        self.dead: dict[int, BaseException] = {}  # base rank -> why
+        self._queued: list[tuple] = []
+        self.inflight: set[Gather] = set()
+
+    def actor_id(self, rank: int) -> str:
+        return f"{self.name}.{self.uid}[{rank}]"
+
+    # -- lifecycle (loop) ---------------------------------------------------
+
+    def mark_ready(self) -> None:
+        self.ready = True
+        queued, self._queued = self._queued, []
+        for args in queued:
+            self._publish(*args)
+
+    def mark_failed(self, exc: BaseException) -> None:
+        self.error = exc
+        queued, self._queued = self._queued, []
+        for _tokens, _body, _headers, gather in queued:
+            if gather is not None:
+                gather.fail(exc)
+
+    def mark_stopped(self, reason: str) -> None:
+        if self.stopped is None:
+            self.stopped = reason
+        exc = MeshStoppedError(f"actor mesh {self.name!r} was stopped ({reason})")
+        self.mark_failed(exc)
+        for gather in list(self.inflight):
+            gather.fail(exc)
+
+    def mark_dead(self, ranks: list[int], exc: BaseException) -> None:
+        for r in ranks:
+            self.dead[r] = exc
+        for gather in list(self.inflight):
+            if gather.waiting_on(ranks):
+                gather.fail(exc)
+
+    # -- sending (loop) -------------------------------------------------------
+
+    def send(self, tokens: list[list[str]], body: bytes, headers: dict, gather: Gather | None) -> None:
+        if gather is not None:
+            gather.open()
+            for r in gather.expected:
+                if r in self.dead:
+                    gather.fail(self.dead[r])
+                    return
+        if self.stopped is not None:
+            if gather is not None:
+                gather.fail(MeshStoppedError(f"actor mesh {self.name!r} was stopped ({self.stopped})"))
+            return
+        if self.error is not None:
+            if gather is not None:
+                gather.fail(self.error)
+            return
+        if not self.ready:
+            self._queued.append((tokens, body, headers, gather))
+            return
+        self._publish(tokens, body, headers, gather)
+
+    def _publish(self, tokens: list[list[str]], body: bytes, headers: dict, gather: Gather | None) -> None:
+        ns, rt = self.rt.namespace, self.rt
+        reply = gather.subject if gather is not None else ""
+        on_error = gather.fail if gather is not None else None
+        for toks in tokens:
+            rt.publish(subjects.actor(ns, self.name, self.uid, toks), body, headers, reply, on_error)
+
+
+class Gather:
+    """Collects the replies to one call on a port of the caller's proc (loop only)."""
+
+    def __init__(
+        self,
+        state: MeshState,
+        view: View,
+        expected: list[int],
+        mode: str,
+        endpoint: str,
+    ) -> None:
+        self.state = state
+        self.view = view
+        self.expected = expected
+        self.mode = mode  # "mesh" | "one" | "choose" | "stream"
+        self.endpoint = endpoint
+        self.values: dict[int, Any] = {}
+        self.port_id: int | None = None
+        self.subject = ""
+        n = len(expected)
+        self.futures = [Future() for _ in range(n if mode == "stream" else 1)]
+        self._arrived = 0
+
+    def open(self) -> None:
+        self.port_id, self.subject = self.state.rt.open_port(self.on_msg)
+        self.state.inflight.add(self)
+
+    def waiting_on(self, ranks: list[int]) -> bool:
+        return any(r in self.expected and r not in self.values for r in ranks)
+
+    def _close(self) -> None:
+        if self.port_id is not None:
+            self.state.rt.close_port(self.port_id)
+        self.state.inflight.discard(self)
+
+    def fail(self, exc: BaseException) -> None:
+        self._close()
+        for f in self.futures:
+            f._set_exception(exc)
+
+    def on_msg(self, msg: Msg) -> None:
+        headers = msg.headers or {}
+        if headers.get("Status") == "503":
+            self.fail(
+                NoActorError(
+                    f"no actor of mesh {self.state.name!r} is listening on {msg.subject} "
+                    "(stopped, crashed, or never spawned)"
+                )
+            )
+            return
+        try:
+            rank = int(headers[m.RANK])
+        except (KeyError, ValueError):
+            return
+        if rank in self.values or rank not in self.expected:
+            return
+        try:
+            ok, value = m.decode_reply(msg)
+            if not ok:
+                value = m.decode_error(
+                    value, actor_id=self.state.actor_id(rank), rank=rank, endpoint=self.endpoint
+                )
+        except Exception as e:  # an undecodable reply fails the call, not the loop
+            ok, value = False, e
+        self.values[rank] = value
+        if self.mode == "stream":
+            fut = self.futures[self._arrived]
+            fut._set_result(value) if ok else fut._set_exception(value)
+            self._arrived += 1
+            if self._arrived == len(self.expected):
+                self._close()
+            return
+        if not ok:
+            self.fail(value)
+            return
+        if len(self.values) == len(self.expected):
+            self._close()
+            if self.mode == "mesh":
+                result = ValueMesh(self.view, [self.values[r] for r in self.view.ranks])
+            else:
+                result = value
+            self.futures[0]._set_result(result)
+
+
+class ActorMesh(MeshShapeOps, Generic[A]):
+    """A (view of a) mesh of actors; endpoints are attributes: ``mesh.train.call(...)``."""
+
+    def __init__(self, state: MeshState, view: View) -> None:
+        self._state = state
+        self._view = view
+        self._name = state.name
+        self._class_name = state.class_name
+        self._endpoint_cache: dict[str, ActorEndpoint] = {}
+
+    def _new_with_view(self, view: View) -> ActorMesh[A]:
+        return ActorMesh(self._state, view)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name.startswith("_"):
+            raise AttributeError(name)
+        cached = self._endpoint_cache.get(name)
+        if cached is not None:
+            return cached
+        prop = self._state.endpoints.get(name)
+        if prop is None:
+            cls = self._state.cls
+            if cls is not None and hasattr(cls, name):
+                raise NotAnEndpointError(
+                    f"{self._class_name}.{name} is not an endpoint: decorate it with @endpoint "
+                    "to call it on the mesh"
+                )
+            raise AttributeError(f"actor class {self._class_name} has no endpoint {name!r}")
+        ep = ActorEndpoint(self, prop)
+        self._endpoint_cache[name] = ep
+        return ep
+
+    def __len__(self) -> int:
+        return len(self._view)
+
+    def __repr__(self) -> str:
+        return f"<ActorMesh {self._name!r} of {self._class_name} {self._view.extent!r}>"
+
+    # -- sending (caller's thread) ---------------------------------------------
+
+    def _encode(self, endpoint: str, args: tuple, kwargs: dict, kind: str) -> tuple[bytes, dict]:
+        st = self._state
+        if st.stopped is not None:
+            raise MeshStoppedError(f"actor mesh {self._name!r} was stopped ({st.stopped})")
+        full = len(self._view) == st.base.nelements and self._view.extent == st.base
+        view_spec = None if full else [self._view.extent.labels, self._view.extent.sizes, list(self._view.ranks)]
+        body = dumps((args, kwargs, view_spec))
+        if len(body) > st.rt.max_payload:
+            raise MessageTooLargeError(
+                f"message to {self._class_name}.{endpoint} is {len(body)} bytes, over the broker's "
+                f"max_payload of {st.rt.max_payload}"
+            )
+        headers = {m.KIND: kind, m.ENDPOINT: endpoint, m.FROM: sender_id(), m.SEQ: str(next(_seq))}
+        return body, headers
+
+    def _call(self, endpoint: str, args: tuple, kwargs: dict, gather: str) -> Any:
+        body, headers = self._encode(endpoint, args, kwargs, "call")
+        view = self._view
+        if gather == "choose":
+            rank = random.choice(view.ranks)
+            tokens = [[str(c) for c in self._state.base.coords(rank)]]
+            expected = [rank]
+        else:
+            tokens = view.subject_tokens()
+            expected = list(view.ranks)
+        g = Gather(self._state, view, expected, gather, endpoint)
+        self._state.rt.call_soon(self._state.send, tokens, body, headers, g)
+        return g.futures if gather == "stream" else g.futures[0]
+
+    def _cast(self, endpoint: str, args: tuple, kwargs: dict) -> None:
+        body, headers = self._encode(endpoint, args, kwargs, "send")
+        self._state.rt.call_soon(self._state.send, self._view.subject_tokens(), body, headers, None)
+
+
+def spawn_error(name: str, rank: int, err: BaseException) -> SpawnError:
+    e = SpawnError(f"spawning actor mesh {name!r} failed on rank {rank}: {err}")
+    e.__cause__ = err
+    return e
+
+
+__all__ = ["ActorMesh", "MeshState", "Gather", "MessageTooLargeError", "spawn_error", "runtime", "SupervisionError"]

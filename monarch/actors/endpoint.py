@@ -1,0 +1,157 @@
+"""``@endpoint`` and the adverbs used to message actors through one.
+
+``@endpoint`` marks an actor method as callable from other processes. On an
+actor mesh, ``mesh.method`` is an :class:`ActorEndpoint` whose adverbs say how
+to deliver: ``call`` (all, gather a ValueMesh), ``call_one`` (exactly one
+actor), ``choose`` (any one), ``broadcast`` (all, no reply), ``stream`` (all,
+replies as they arrive). Arguments are checked against the method's signature
+at the caller, so a wrong call fails with ``TypeError`` before anything is
+sent.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+
+from monarch.actors.future import Future
+
+if TYPE_CHECKING:
+    from monarch.actors.actor_mesh import ActorMesh
+    from monarch.actors.value_mesh import ValueMesh
+
+R = TypeVar("R")
+
+
+class EndpointProperty(Generic[R]):
+    """What ``@endpoint`` puts on the actor class: the method plus how to call it."""
+
+    def __init__(
+        self,
+        method: Callable[..., Any],
+        *,
+        propagate: Any = None,
+        explicit_response_port: bool = False,
+        instrument: bool = False,
+        concurrent: bool = False,
+    ) -> None:
+        self._method = method
+        self.name = method.__name__
+        self.is_async = inspect.iscoroutinefunction(method)
+        self.explicit_response_port = explicit_response_port
+        self.concurrent = concurrent
+        self.propagate = propagate
+        self.signature = inspect.signature(method)
+        functools.update_wrapper(self, method)  # type: ignore[arg-type]
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        # Inside the actor, ``self.method(...)`` is a plain local call.
+        return types.MethodType(self._method, instance)
+
+    def check_args(self, qualname: str, args: tuple, kwargs: dict) -> None:
+        """Raise ``TypeError`` at the caller if the arguments cannot bind."""
+        try:
+            if self.explicit_response_port:
+                self.signature.bind(None, None, *args, **kwargs)
+            else:
+                self.signature.bind(None, *args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{qualname}(): {e}") from None
+
+
+@overload
+def endpoint(method: Callable[..., R]) -> EndpointProperty[R]: ...
+@overload
+def endpoint(
+    *, propagate: Any = None, explicit_response_port: bool = False, instrument: bool = False
+) -> Callable[[Callable[..., R]], EndpointProperty[R]]: ...
+
+
+def endpoint(method: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """Mark an actor method (sync or ``async``) as an endpoint.
+
+    Sync endpoints run on the actor's own thread, so they may block (even on
+    another actor's ``.get()``); async endpoints run on the proc's event loop.
+    Either way an actor handles one message at a time, in arrival order.
+    """
+    if method is not None:
+        return EndpointProperty(method, **options)
+    return lambda m: EndpointProperty(m, **options)
+
+
+class ActorEndpoint(Generic[R]):
+    """One endpoint of one actor mesh (or a slice of it)."""
+
+    def __init__(self, mesh: ActorMesh, prop: EndpointProperty[R]) -> None:
+        self._mesh = mesh
+        self._prop = prop
+        self._qualname = f"{mesh._class_name}.{prop.name}"
+
+    @property
+    def name(self) -> str:
+        return self._prop.name
+
+    def _check(self, args: tuple, kwargs: dict) -> None:
+        self._prop.check_args(self._qualname, args, kwargs)
+
+    def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
+        """Send to every actor of the mesh; a future of all results as a ValueMesh."""
+        self._check(args, kwargs)
+        return self._mesh._call(self._prop.name, args, kwargs, gather="mesh")
+
+    def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
+        """Call the mesh's only actor; ``ValueError`` unless it has exactly one."""
+        if len(self._mesh._view) != 1:
+            raise ValueError(
+                f"call_one() needs a mesh of exactly one actor; {self._mesh._name} has "
+                f"extent {self._mesh.extent!r}: slice it first or use call()"
+            )
+        self._check(args, kwargs)
+        return self._mesh._call(self._prop.name, args, kwargs, gather="one")
+
+    def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
+        """Send to one actor of the mesh, picked by the runtime; a future of its result."""
+        self._check(args, kwargs)
+        return self._mesh._call(self._prop.name, args, kwargs, gather="choose")
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+        """Send to every actor without waiting; delivery order per actor still holds."""
+        self._check(args, kwargs)
+        self._mesh._cast(self._prop.name, args, kwargs)
+
+    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
+        """Send to every actor; yield one future per reply, in arrival order."""
+        self._check(args, kwargs)
+        futures = self._mesh._call(self._prop.name, args, kwargs, gather="stream")
+        return iter(futures)
+
+    def rref(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            "endpoint.rref() belongs to the tensor engine, which this build does not have yet"
+        )
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            f"{self._qualname} is an endpoint of a remote actor mesh: use "
+            f".call(...), .call_one(...), .choose(...), .broadcast(...) or .stream(...)"
+        )
+
+    def __repr__(self) -> str:
+        return f"<endpoint {self._qualname} of {self._mesh!r}>"
+
+
+def endpoints_of(cls: type) -> dict[str, EndpointProperty]:
+    """All endpoints an actor class defines or inherits, by name."""
+    found: dict[str, EndpointProperty] = {}
+    for klass in reversed(cls.__mro__):
+        for name, value in vars(klass).items():
+            if isinstance(value, EndpointProperty):
+                found[name] = value
+            elif name in found:
+                del found[name]  # overridden by a plain attribute
+    return found

@@ -1,0 +1,75 @@
+"""Exceptions a user of the actor API can see, each naming what it concerns."""
+
+from __future__ import annotations
+
+
+class ActorError(Exception):
+    """An endpoint raised; the actor that raised keeps serving.
+
+    ``exception`` is the original exception when it could be rebuilt on the
+    caller's side (otherwise a :class:`RemoteException` with its type name and
+    message); ``traceback`` is the remote traceback as text.
+    """
+
+    def __init__(
+        self,
+        exception: BaseException,
+        traceback: str = "",
+        *,
+        actor_id: str = "",
+        rank: int | None = None,
+        endpoint: str = "",
+    ) -> None:
+        self.exception = exception
+        self.traceback = traceback
+        self.actor_id = actor_id
+        self.rank = rank
+        self.endpoint = endpoint
+        super().__init__(exception, traceback, actor_id, rank, endpoint)
+
+    def __str__(self) -> str:
+        where = f" in {self.actor_id}" if self.actor_id else ""
+        call = f" calling {self.endpoint}" if self.endpoint else ""
+        head = f"A remote actor call failed{where}{call}: {type(self.exception).__name__}: {self.exception}"
+        return f"{head}\n\nRemote traceback:\n{self.traceback}" if self.traceback else head
+
+
+class RemoteException(Exception):
+    """Stands in for a remote exception whose class cannot be rebuilt here."""
+
+    def __init__(self, type_name: str, message: str) -> None:
+        self.type_name = type_name
+        self.message = message
+        super().__init__(type_name, message)
+
+    def __str__(self) -> str:
+        return f"{self.type_name}: {self.message}"
+
+
+class SupervisionError(RuntimeError):
+    """The actor a call was waiting on failed (died, crashed, was stopped)."""
+
+    def __init__(self, message: str, *, actor_id: str = "", rank: int | None = None) -> None:
+        self.actor_id = actor_id
+        self.rank = rank
+        super().__init__(message)
+
+
+class MeshStoppedError(SupervisionError):
+    """The mesh was stopped before or while this call was made."""
+
+
+class NoActorError(SupervisionError):
+    """No actor is listening where the message was sent (broker reported no responders)."""
+
+
+class NotAnEndpointError(AttributeError):
+    """A name used as an endpoint exists on the actor class but is not an endpoint."""
+
+
+class ProcStartError(RuntimeError):
+    """A process of a proc mesh failed to start or to report ready in time."""
+
+
+class SpawnError(RuntimeError):
+    """Creating actors failed on at least one proc (for example ``__init__`` raised)."""

@@ -1,0 +1,101 @@
+"""``Future``: one result that sync code can ``.get()`` and async code can ``await``.
+
+The runtime's event loop runs on its own thread in the client, and on the
+main thread of a proc, so a future is completed on that loop but waited on
+from anywhere: a plain script's thread, an actor's endpoint thread, or any
+asyncio loop. A ``concurrent.futures.Future`` underneath makes that safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Callable, Generator
+from typing import Any, Generic, TypeVar
+
+R = TypeVar("R")
+
+_loop_thread_ids: set[int] = set()
+
+
+def mark_loop_thread() -> None:
+    """Record that the calling thread runs a runtime loop (blocking there would deadlock)."""
+    _loop_thread_ids.add(threading.get_ident())
+
+
+class Future(Generic[R]):
+    """The eventual result of a message, call or operation.
+
+    ``get(timeout)`` blocks the calling thread; on timeout it raises
+    ``TimeoutError`` and the future stays usable (a later ``get`` or ``await``
+    still sees the result). ``await future`` works on any event loop.
+    Calling ``get`` on the runtime's own loop thread (inside an ``async``
+    endpoint) raises ``RuntimeError`` instead of deadlocking: ``await`` there.
+    """
+
+    __slots__ = ("_cf",)
+
+    def __init__(self, cf: concurrent.futures.Future | None = None) -> None:
+        self._cf: concurrent.futures.Future = cf if cf is not None else concurrent.futures.Future()
+
+    # -- completing (runtime side) ---------------------------------------
+
+    def _set_result(self, value: Any) -> None:
+        if not self._cf.done():
+            self._cf.set_result(value)
+
+    def _set_exception(self, exc: BaseException) -> None:
+        if not self._cf.done():
+            self._cf.set_exception(exc)
+
+    def _done(self) -> bool:
+        return self._cf.done()
+
+    @classmethod
+    def from_value(cls, value: Any) -> Future:
+        f: Future = cls()
+        f._set_result(value)
+        return f
+
+    # -- waiting (user side) ---------------------------------------------
+
+    def get(self, timeout: float | None = None) -> R:
+        if not self._cf.done() and threading.get_ident() in _loop_thread_ids:
+            raise RuntimeError(
+                "Future.get() would block the actor runtime's event loop (inside an async "
+                "endpoint or callback); use `await future` there instead"
+            )
+        try:
+            return self._cf.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"future not done after {timeout} s") from None
+
+    def result(self, timeout: float | None = None) -> R:
+        return self.get(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        try:
+            self.get(timeout)
+        except TimeoutError:
+            raise
+        except BaseException as e:
+            return e
+        return None
+
+    def done(self) -> bool:
+        return self._cf.done()
+
+    def add_callback(self, fn: Callable[[Future[R]], Any]) -> None:
+        self._cf.add_done_callback(lambda _cf: fn(self))
+
+    def as_asyncio(self) -> asyncio.Future:
+        """An ``asyncio.Future`` on the running loop that completes with this one."""
+        return asyncio.wrap_future(self._cf)
+
+    def __await__(self) -> Generator[Any, None, R]:
+        return asyncio.wrap_future(self._cf).__await__()
+
+    def __repr__(self) -> str:
+        state = "done" if self._cf.done() else "pending"
+        return f"<monarch Future {state}>"

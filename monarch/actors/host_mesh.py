@@ -1,0 +1,75 @@
+"""``HostMesh`` and ``this_host()``: where procs are started.
+
+``this_host()`` is the machine the calling code runs on, as a mesh with an
+empty extent, so ``this_host().spawn_procs(per_host={"gpus": 4})`` gives a
+proc mesh of extent ``{'gpus': 4}``. On one machine with no host agent the
+client starts the procs itself as child processes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from monarch.actors.launcher import LocalLauncher
+from monarch.actors.mesh_ops import MeshShapeOps
+from monarch.actors.proc_mesh import ProcMesh, ProcMeshState
+from monarch.actors.runtime import runtime
+from monarch.actors.shape import Extent, View
+from monarch.broker import subjects
+
+
+class HostMesh(MeshShapeOps):
+    """A mesh of machines that can run procs."""
+
+    def __init__(self, view: View) -> None:
+        self._view = view
+
+    def _new_with_view(self, view: View) -> HostMesh:
+        return HostMesh(view)
+
+    def spawn_procs(
+        self, per_host: dict[str, int] | None = None, name: str = "procs", **_: Any
+    ) -> ProcMesh:
+        """Start ``prod(per_host)`` procs on each host; returns at once.
+
+        The proc mesh's extent is the host mesh's followed by ``per_host``.
+        Use ``.initialized`` (or simply spawn actors and call them) to wait
+        until they are up; a proc that fails to start makes those raise
+        :class:`~monarch.actors.errors.ProcStartError`.
+        """
+        per_host = dict(per_host or {})
+        for label, size in per_host.items():
+            if isinstance(size, bool) or not isinstance(size, int):
+                raise TypeError(f"per_host[{label!r}] must be an int, got {size!r}")
+        subjects.check_token(name, "proc mesh name")
+        host_extent = self._view.extent
+        extent = Extent(host_extent.labels + list(per_host), host_extent.sizes + list(per_host.values()))
+        rt = runtime()
+        state = ProcMeshState(rt, name, extent, LocalLauncher(rt.loop))
+        rt.on_close(state.shutdown)
+        rt.run_coro(_start_quietly(state))
+        return ProcMesh(state, View.full(extent))
+
+    async def __aenter__(self) -> HostMesh:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"<HostMesh {self._view.extent!r}>"
+
+
+async def _start_quietly(state: ProcMeshState) -> None:
+    try:
+        await state.start()
+    except BaseException:
+        pass  # kept in state.ready; raised to whoever uses the mesh
+
+
+_THIS_HOST = HostMesh(View.full(Extent([], [])))
+
+
+def this_host() -> HostMesh:
+    """The host the calling code runs on."""
+    return _THIS_HOST

@@ -1,0 +1,128 @@
+"""Starting and reaping the OS processes of a proc mesh on this machine.
+
+Processes are started from one long-lived launcher thread so the kernel's
+parent-death signal (see :mod:`monarch.broker._pdeathsig`) stays armed for
+their whole life: if the client is SIGKILLed its procs die with it. Each
+process gets a reaper thread blocked in ``wait()``, so an exit is reported to
+the owner the moment it happens rather than at the next poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from monarch.actors.shape import Extent
+from monarch.broker._pdeathsig import child_dies_with_parent
+
+
+@dataclass
+class ProcHandle:
+    uid: str
+    rank: int
+    popen: subprocess.Popen | None = None
+    returncode: int | None = None
+    exited: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen is not None else None
+
+
+def proc_env(extent: Extent, rank: int) -> dict[str, str]:
+    """The child's environment: ours, plus the broker URL, rank and import path."""
+    env = dict(os.environ)
+    paths = [p for p in sys.path if p and os.path.isdir(p)]
+    if os.getcwd() not in paths:
+        paths.insert(0, os.getcwd())
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    point = extent.coords(rank)
+    env["MONARCH_RANK"] = str(rank)
+    for label, c in zip(extent.labels, point):
+        env[f"MONARCH_POINT_{label.upper()}"] = str(c)
+    if "gpus" in extent.labels and "CUDA_VISIBLE_DEVICES" not in os.environ:
+        env["CUDA_VISIBLE_DEVICES"] = str(point[extent.labels.index("gpus")])
+    return env
+
+
+class LocalLauncher:
+    """Starts procs as children of this process."""
+
+    _thread: ThreadPoolExecutor | None = None
+    _lock = threading.Lock()
+
+    @classmethod
+    def _launcher_thread(cls) -> ThreadPoolExecutor:
+        with cls._lock:
+            if cls._thread is None:
+                cls._thread = ThreadPoolExecutor(1, thread_name_prefix="monarch-launcher")
+            return cls._thread
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+
+    async def launch(
+        self,
+        uids: list[str],
+        ready_subject: str,
+        extent: Extent,
+        on_exit: Callable[[ProcHandle, int], None],
+    ) -> list[ProcHandle]:
+        handles = [ProcHandle(uid, rank) for rank, uid in enumerate(uids)]
+
+        def start_all() -> None:
+            me = os.getpid()
+            for h in handles:
+                cmd = [sys.executable, "-m", "monarch.actors.proc", "--uid", h.uid, "--ready", ready_subject]
+                h.popen = subprocess.Popen(
+                    cmd,
+                    env=proc_env(extent, h.rank),
+                    stdin=subprocess.DEVNULL,
+                    preexec_fn=functools.partial(child_dies_with_parent, me),
+                )
+                threading.Thread(
+                    target=self._reap, args=(h, on_exit), name=f"reaper-{h.uid}", daemon=True
+                ).start()
+
+        await self.loop.run_in_executor(self._launcher_thread(), start_all)
+        return handles
+
+    def _reap(self, h: ProcHandle, on_exit: Callable[[ProcHandle, int], None]) -> None:
+        assert h.popen is not None
+        code = h.popen.wait()
+        h.exited.set()
+        try:
+            self.loop.call_soon_threadsafe(on_exit, h, code)
+        except RuntimeError:  # loop closed at interpreter exit
+            h.returncode = code
+
+    async def wait_or_kill(self, handles: list[ProcHandle], timeout: float) -> None:
+        """Wait up to ``timeout`` for each process to exit, then SIGKILL the rest and reap.
+
+        Polls the reapers' events instead of using an executor, because this
+        also runs at interpreter exit, when executors refuse new work.
+        """
+        deadline = time.monotonic() + timeout
+        pending = [h for h in handles if h.popen is not None and not h.exited.is_set()]
+        while pending and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+            pending = [h for h in pending if not h.exited.is_set()]
+        for h in pending:
+            try:
+                h.popen.kill()  # type: ignore[union-attr]
+            except ProcessLookupError:
+                pass
+        kill_deadline = time.monotonic() + 5.0
+        while any(not h.exited.is_set() for h in pending) and time.monotonic() < kill_deadline:
+            await asyncio.sleep(0.005)
+        for h in handles:
+            if h.popen is not None:
+                h.returncode = h.popen.poll()

@@ -1,0 +1,51 @@
+"""Shape operations shared by proc, actor and value meshes.
+
+Each mesh keeps a :class:`~monarch.actors.shape.View` in ``_view`` and knows
+how to make a copy of itself over another view (``_new_with_view``); this mixin
+gives all of them the same ``slice``/``flatten``/``rename``/``split`` and size
+accessors, so the three behave alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from monarch.actors.shape import Extent, View
+
+
+class MeshShapeOps:
+    _view: View
+
+    def _new_with_view(self, view: View) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def extent(self) -> Extent:
+        return self._view.extent
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return dict(self._view.extent)
+
+    def size(self, dim: str | list[str] | None = None) -> int:
+        """Number of members, in total or along the given dimension(s)."""
+        if dim is None:
+            return self._view.extent.nelements
+        dims = [dim] if isinstance(dim, str) else dim
+        total = 1
+        for d in dims:
+            total *= self._view.extent[d]
+        return total
+
+    def slice(self, **selectors: int | slice) -> Any:
+        """A sub-mesh: ``dim=int`` drops that dimension, ``dim=slice`` keeps it."""
+        return self._new_with_view(self._view.slice(**selectors))
+
+    def flatten(self, name: str) -> Any:
+        return self._new_with_view(self._view.flatten(name))
+
+    def rename(self, **names: str) -> Any:
+        return self._new_with_view(self._view.rename(**names))
+
+    def split(self, **splits: Any) -> Any:
+        return self._new_with_view(self._view.split(**splits))

@@ -1,0 +1,62 @@
+"""The actor protocol on the wire: header names, message kinds and bodies.
+
+Headers carry what a person watching traffic wants to read; bodies are
+encoded by :mod:`monarch.broker.codec`.
+
+========================  ==============================================
+``Mon-Kind``              ``call`` (wants replies), ``send`` (no reply),
+                          ``reply``, ``error``, ``spawn``, ``stop``,
+                          ``ready``, ``ok``
+``Mon-Endpoint``          the endpoint a call or send is for
+``Mon-From``              the sender's actor id (``client`` for the root)
+``Mon-Seq``               the sender process's message counter
+``Mon-Rank``              the replier's rank in its mesh (replies), or
+                          the receiver's rank (spawn)
+========================  ==============================================
+"""
+
+from __future__ import annotations
+
+import traceback as tb
+from typing import Any
+
+from monarch.actors.errors import ActorError, RemoteException
+from monarch.broker.codec import CodecError, dumps, loads
+
+KIND = "Mon-Kind"
+ENDPOINT = "Mon-Endpoint"
+FROM = "Mon-From"
+SEQ = "Mon-Seq"
+RANK = "Mon-Rank"
+
+
+def encode_error(exc: BaseException) -> bytes:
+    """An exception as a reply body: type, message, traceback and, if it pickles, itself."""
+    text = "".join(tb.format_exception(type(exc), exc, exc.__traceback__))
+    type_name = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    try:
+        return dumps([type_name, str(exc), text, exc])
+    except CodecError:
+        return dumps([type_name, str(exc), text, None])
+
+
+def decode_error(body: bytes, *, actor_id: str, rank: int | None, endpoint: str) -> ActorError:
+    """The caller's view of an ``error`` reply."""
+    try:
+        type_name, message, text, exc = loads(body)
+    except CodecError as e:
+        exc, text = RemoteException("undecodable error", str(e)), ""
+    else:
+        if not isinstance(exc, BaseException):
+            exc = RemoteException(type_name, message)
+    if isinstance(exc, ActorError):  # an error that passed through a nested call
+        return exc
+    return ActorError(exc, text, actor_id=actor_id, rank=rank, endpoint=endpoint)
+
+
+def decode_reply(msg: Any) -> tuple[bool, Any]:
+    """(ok, value) from a reply message; value is the raw body for errors."""
+    headers = msg.headers or {}
+    if headers.get(KIND) == "error":
+        return False, msg.data
+    return True, loads(msg.data)

@@ -1,0 +1,154 @@
+"""A proc: an OS process that connects to NATS and hosts actors.
+
+Started as ``python -m monarch.actors.proc --uid UID --ready SUBJECT`` by
+whoever owns it (the client, or a host agent). It connects, subscribes to
+its control subject, reports ``ready`` to its owner, and then serves control
+messages (``spawn``, ``stop_mesh``, ``stop``) one at a time, in order, until
+told to stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import os
+import sys
+from typing import Any
+
+from nats.aio.msg import Msg
+
+from monarch.actors import messages as m
+from monarch.actors.actor import Actor
+from monarch.actors.instance import ActorInstance
+from monarch.actors.runtime import Runtime, install_runtime, new_event_loop
+from monarch.actors.shape import Extent
+from monarch.broker import subjects
+from monarch.broker.codec import dumps, loads
+from monarch.broker.config import settings
+
+log = logging.getLogger("monarch.proc")
+
+
+def class_ref(cls: type) -> Any:
+    """How a spawn message names the actor class: ``module:qualname`` when importable.
+
+    Classes defined in a script's ``__main__`` (or inside functions) travel by
+    value through cloudpickle instead, which the receiving proc unpickles.
+    """
+    module = cls.__module__
+    if module != "__main__" and "<locals>" not in cls.__qualname__:
+        return f"{module}:{cls.__qualname__}"
+    return cls
+
+
+def resolve_class(ref: Any) -> type:
+    if isinstance(ref, str):
+        module, _, qualname = ref.partition(":")
+        obj: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        ref = obj
+    if not (isinstance(ref, type) and issubclass(ref, Actor)):
+        raise TypeError(f"{ref!r} is not an Actor class")
+    return ref
+
+
+class ProcServer:
+    """Handles this proc's control messages and owns its actors."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.actors: dict[str, ActorInstance] = {}
+        self.stopped = asyncio.Event()
+        self._ctl: asyncio.Queue = asyncio.Queue()
+        self._task = rt.loop.create_task(self._serve())
+        rt.set_ctl_handler(self._ctl.put_nowait)
+
+    async def _serve(self) -> None:
+        while True:
+            msg: Msg = await self._ctl.get()
+            kind = (msg.headers or {}).get(m.KIND, "")
+            try:
+                handler = getattr(self, f"_on_{kind}", None)
+                if handler is None:
+                    raise ValueError(f"unknown control message kind {kind!r}")
+                result = await handler(msg)
+                self._reply(msg, True, dumps(result))
+            except Exception as e:
+                log.debug("control %s failed: %r", kind, e)
+                self._reply(msg, False, m.encode_error(e))
+            if self.stopped.is_set():
+                return
+
+    def _reply(self, msg: Msg, ok: bool, body: bytes) -> None:
+        if msg.reply:
+            rank = (msg.headers or {}).get(m.RANK, "0")
+            headers = {m.KIND: "ok" if ok else "error", m.RANK: rank, m.FROM: self.rt.proc_uid}
+            self.rt.publish(msg.reply, body, headers)
+
+    async def _on_ping(self, msg: Msg) -> str:
+        return self.rt.proc_uid
+
+    async def _on_spawn(self, msg: Msg) -> None:
+        spec = loads(msg.data)
+        rank = int((msg.headers or {})[m.RANK])
+        cls = resolve_class(spec["cls"])
+        extent = Extent(spec["labels"], spec["sizes"])
+        name, uid = spec["name"], spec["uid"]
+        inst = ActorInstance(self.rt, name=name, uid=uid, rank=rank, extent=extent, cls=cls)
+        await inst.construct(tuple(spec["args"]), spec["kwargs"])
+        self.actors[uid] = inst
+        coords = extent.coords(rank)
+        for subject in subjects.point_subscriptions(self.rt.namespace, name, uid, coords):
+            inst.subscriptions.append(await self.rt.subscribe_mesh(subject, inst.deliver))
+
+    async def _on_stop_mesh(self, msg: Msg) -> None:
+        uid = loads(msg.data)
+        inst = self.actors.pop(uid, None)
+        if inst is not None:
+            await inst.stop(self.rt.settings.stop_timeout)
+
+    async def _on_stop(self, msg: Msg) -> None:
+        for uid in list(self.actors):
+            await self.actors.pop(uid).stop(self.rt.settings.stop_timeout)
+        self.stopped.set()
+
+
+async def serve(uid: str, ready: str, url: str) -> None:
+    rt = Runtime(proc_uid=uid, loop=asyncio.get_running_loop(), cfg=settings())
+    install_runtime(rt)
+    await rt.connect(url)
+    server = ProcServer(rt)
+    rt.publish(ready, dumps(os.getpid()), {m.KIND: "ready", m.FROM: uid})
+    await server.stopped.wait()
+    await rt.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m monarch.actors.proc")
+    parser.add_argument("--uid", required=True, help="this proc's unique id (a subject token)")
+    parser.add_argument("--ready", required=True, help="subject to report readiness to")
+    args = parser.parse_args(argv)
+    url = settings().nats_url
+    if not url:
+        sys.exit("monarch proc: MONARCH_NATS_URL is not set; procs are started by a client or host agent")
+    logging.basicConfig(
+        level=os.environ.get("MONARCH_LOG_LEVEL", "WARNING"),
+        format=f"[{args.uid}] %(levelname)s %(name)s: %(message)s",
+    )
+    # The script that defined our actor classes is not our __main__; cloudpickle
+    # brings classes by value, so nothing else is needed here.
+    loop = new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(serve(args.uid, args.ready, url))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        loop.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+"""``ProcMesh``: a mesh of OS processes that host actors.
+
+The owner side of a set of procs: it starts them (through a launcher, see
+:mod:`monarch.actors.launcher`), waits until each reports ready, spawns actor
+meshes on them, learns at once when one exits (its reaper thread), and stops
+them. Every proc mesh is stopped when the client exits, so none outlives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, TypeVar
+
+from monarch.actors import messages as m
+from monarch.actors.actor import check_actor_class
+from monarch.actors.actor_mesh import ActorMesh, MeshState, spawn_error
+from monarch.actors.errors import MeshStoppedError, ProcStartError, SupervisionError
+from monarch.actors.future import Future
+from monarch.actors.launcher import LocalLauncher, ProcHandle
+from monarch.actors.mesh_ops import MeshShapeOps
+from monarch.actors.proc import class_ref
+from monarch.actors.rpc import request_all
+from monarch.actors.runtime import Runtime
+from monarch.actors.shape import Extent, View
+from monarch.broker import subjects
+from monarch.broker.codec import dumps
+
+log = logging.getLogger(__name__)
+A = TypeVar("A")
+
+
+class ProcMeshState:
+    """Shared by all views of one proc mesh; mutated on the runtime loop."""
+
+    def __init__(self, rt: Runtime, name: str, extent: Extent, launcher: LocalLauncher) -> None:
+        self.rt = rt
+        self.name = name
+        self.uid = subjects.new_uid()
+        self.extent = extent
+        self.launcher = launcher
+        self.procs: list[ProcHandle] = []
+        self.ready: asyncio.Future = rt.loop.create_future()
+        self.dead: asyncio.Future = rt.loop.create_future()  # completed by the first early exit
+        self.actor_meshes: list[tuple[MeshState, list[int]]] = []
+        self.stopping = False
+        self.stopped: Future[None] | None = None
+
+    async def start(self) -> None:
+        n = self.extent.nelements
+        port_id, subject = self.rt.open_port(self._on_ready)
+        self._ready_count = 0
+        try:
+            uids = [f"{self.name}-{self.uid}-{r}" for r in range(n)]
+            self.procs = await self.launcher.launch(
+                uids, subject, self.extent, on_exit=self._on_exit
+            )
+            timeout = self.rt.settings.spawn_timeout
+            done, _ = await asyncio.wait(
+                [self.ready, self.dead], timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if self.ready not in done:
+                if self.dead.done():
+                    raise self.dead.exception()  # type: ignore[misc]
+                raise ProcStartError(f"procs of {self.name!r} not ready after {timeout} s")
+        except BaseException as e:
+            if not self.ready.done():
+                self.ready.set_exception(e)
+                self.ready.exception()  # mark retrieved; spawn() re-raises it
+            await self.kill()
+            raise
+        finally:
+            self.rt.close_port(port_id)
+
+    def _on_ready(self, msg: Any) -> None:
+        if (msg.headers or {}).get(m.KIND) != "ready" or self.ready.done():
+            return
+        self._ready_count += 1
+        if self._ready_count == len(self.procs) or self._ready_count == self.extent.nelements:
+            self.ready.set_result(None)
+
+    def _on_exit(self, handle: ProcHandle, code: int) -> None:
+        """A proc's process ended (the reaper thread hands this to the loop)."""
+        handle.returncode = code
+        if self.stopping:
+            return
+        reason = SupervisionError(
+            f"proc {handle.uid} (rank {handle.rank} of proc mesh {self.name!r}) exited with "
+            f"code {code}",
+            actor_id=handle.uid,
+            rank=handle.rank,
+        )
+        if not self.ready.done() and not self.dead.done():
+            err = ProcStartError(f"proc {handle.uid} exited with code {code} before it was ready")
+            self.dead.set_exception(err)
+            self.dead.exception()
+        for mesh_state, proc_ranks in self.actor_meshes:
+            ranks = [i for i, pr in enumerate(proc_ranks) if pr == handle.rank]
+            if ranks:
+                mesh_state.mark_dead(ranks, reason)
+
+    async def spawn_actors(self, mesh_state: MeshState, proc_ranks: list[int], body: bytes) -> None:
+        try:
+            await asyncio.shield(self.ready)
+            if self.stopping:
+                raise MeshStoppedError(f"proc mesh {self.name!r} is stopped")
+            ns = self.rt.namespace
+            requests = [
+                (subjects.ctl_proc(ns, self.procs[pr].uid), body, {m.KIND: "spawn"})
+                for pr in proc_ranks
+            ]
+            replies = await request_all(self.rt, requests, self.rt.settings.spawn_timeout, self.dead)
+            for rank, reply in enumerate(replies):
+                if (reply.headers or {}).get(m.KIND) == "error":
+                    err = m.decode_error(
+                        reply.data, actor_id=mesh_state.actor_id(rank), rank=rank, endpoint="__init__"
+                    )
+                    raise spawn_error(mesh_state.name, rank, err)
+        except BaseException as e:
+            mesh_state.mark_failed(e)
+            return
+        mesh_state.mark_ready()
+
+    async def stop(self, procs: list[ProcHandle]) -> None:
+        self.stopping = True
+        for mesh_state, _ in self.actor_meshes:
+            mesh_state.mark_stopped("its proc mesh was stopped")
+        live = [p for p in procs if p.returncode is None]
+        if self.ready.done() and not self.ready.exception():
+            requests = [(subjects.ctl_proc(self.rt.namespace, p.uid), b"", {m.KIND: "stop"}) for p in live]
+            try:
+                await request_all(self.rt, requests, self.rt.settings.stop_timeout)
+            except Exception as e:
+                log.warning("graceful stop of %r incomplete: %s", self.name, e)
+        await self.launcher.wait_or_kill(live, timeout=5.0)
+
+    async def shutdown(self) -> None:
+        """At client exit: stop whatever is still running, quickly."""
+        if any(p.returncode is None and not p.exited.is_set() for p in self.procs):
+            await self.stop(self.procs)
+
+    async def kill(self) -> None:
+        self.stopping = True
+        await self.launcher.wait_or_kill([p for p in self.procs if p.returncode is None], timeout=0)
+
+
+class ProcMesh(MeshShapeOps):
+    """Processes laid out on a mesh; spawn actors on them with :meth:`spawn`."""
+
+    def __init__(self, state: ProcMeshState, view: View) -> None:
+        self._state = state
+        self._view = view
+
+    def _new_with_view(self, view: View) -> ProcMesh:
+        return ProcMesh(self._state, view)
+
+    @property
+    def initialized(self) -> Future[bool]:
+        """Completes (True) once every proc reported ready; raises if one failed to start."""
+        st = self._state
+        fut: Future[bool] = Future()
+
+        async def wait() -> None:
+            try:
+                await asyncio.shield(st.ready)
+                fut._set_result(True)
+            except BaseException as e:
+                fut._set_exception(e)
+
+        st.rt.run_coro(wait())
+        return fut
+
+    def spawn(self, name: str, Class: type[A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
+        """Create one ``Class`` actor per proc; returns at once, messages queue until ready.
+
+        ``__init__`` arguments are checked here (``TypeError``); a failing
+        ``__init__`` makes calls on the mesh raise :class:`SpawnError`.
+        """
+        subjects.check_token(name, "actor mesh name")
+        cls = check_actor_class(Class)
+        st = self._state
+        if st.stopping:
+            raise MeshStoppedError(f"proc mesh {st.name!r} is stopped")
+        import inspect
+
+        try:
+            inspect.signature(cls).bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{cls.__name__}(): {e}") from None
+        except ValueError:
+            pass  # no signature available (builtins): let __init__ decide
+        view = self._view
+        extent = view.extent
+        mesh_uid = subjects.new_uid()
+        spec = {
+            "name": name,
+            "uid": mesh_uid,
+            "cls": class_ref(cls),
+            "args": list(args),
+            "kwargs": kwargs,
+            "labels": extent.labels,
+            "sizes": extent.sizes,
+        }
+        body = dumps(spec)
+        mesh_state = MeshState(st.rt, name, mesh_uid, cls, cls.__name__, extent)
+        proc_ranks = list(view.ranks)
+
+        def register() -> None:
+            st.actor_meshes.append((mesh_state, proc_ranks))
+            st.rt.loop.create_task(st.spawn_actors(mesh_state, proc_ranks, body))
+
+        st.rt.call_soon(register)
+        return ActorMesh(mesh_state, View.full(extent))
+
+    def stop(self) -> Future[None]:
+        """Stop every actor and process of this mesh; completes when they are gone."""
+        st = self._state
+        if st.stopped is not None:
+            return st.stopped
+        fut: Future[None] = Future()
+        st.stopped = fut
+        procs = None
+
+        async def run() -> None:
+            try:
+                handles = st.procs if procs is None else procs
+                await st.stop(handles)
+                fut._set_result(None)
+            except BaseException as e:
+                fut._set_exception(e)
+
+        st.rt.run_coro(run())
+        return fut
+
+    async def __aenter__(self) -> ProcMesh:
+        await self.initialized
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+    def __enter__(self) -> ProcMesh:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop().get()
+
+    def __repr__(self) -> str:
+        return f"<ProcMesh {self._state.name!r} {self._view.extent!r}>"

@@ -1,0 +1,303 @@
+"""The per-process runtime: one NATS connection, one event loop, ports and local actors.
+
+Every OS process that takes part (the client script and each proc) has exactly
+one :class:`Runtime`. In a proc the loop is the main thread's; in the client
+the runtime starts on first use, runs its loop on a daemon thread so that plain
+synchronous scripts can block on ``.get()``, and, when ``MONARCH_NATS_URL`` is
+unset, starts an embedded nats-server that it stops at exit.
+
+All publishing goes through one ordered outbox on the loop, and all receiving
+through one ordered intake (:mod:`monarch.broker.intake`), which is what makes
+per-sender ordering hold end to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import collections
+import itertools
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from monarch.actors.future import mark_loop_thread
+from monarch.broker import subjects
+from monarch.broker.config import Settings, settings
+from monarch.broker.intake import subscribe_ordered
+
+log = logging.getLogger(__name__)
+
+PortHandler = Callable[[Msg], None]
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop when it is installed (faster I/O), else asyncio's default loop."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+class Runtime:
+    """One process's connection to the system. Use :func:`runtime` to get it."""
+
+    def __init__(self, *, proc_uid: str, loop: asyncio.AbstractEventLoop, cfg: Settings) -> None:
+        self.proc_uid = proc_uid
+        self.loop = loop
+        self.settings = cfg
+        self.namespace = cfg.namespace
+        self.nats_url: str = ""
+        self.nc: Client | None = None
+        self.is_client = False
+        self._ports: dict[int, PortHandler] = {}
+        self._port_ids = itertools.count(1)
+        self._mesh_handlers: dict[str, Callable[[Msg], None]] = {}
+        self._ctl_handler: Callable[[Msg], None] | None = None
+        self._outbox: collections.deque = collections.deque()
+        self._outbox_wakeup: asyncio.Event | None = None  # created on the loop
+        self._outbox_task: asyncio.Task | None = None
+        self._loop_thread_id: int | None = None
+        self._closers: list[Callable[[], Any]] = []
+        self.max_payload = 1024 * 1024
+
+    # -- start and stop ----------------------------------------------------
+
+    async def connect(self, url: str) -> None:
+        """Connect and subscribe to this proc's ports and control subject."""
+        self._loop_thread_id = threading.get_ident()
+        mark_loop_thread()
+        self.nats_url = url
+        self._outbox_wakeup = asyncio.Event()
+        self.nc = await nats.connect(
+            url,
+            name=f"monarch-{self.proc_uid}",
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.2,
+            error_cb=self._on_nats_error,
+            disconnected_cb=self._on_disconnected,
+            reconnected_cb=self._on_reconnected,
+        )
+        self.max_payload = self.nc.max_payload
+        ns = self.namespace
+        await subscribe_ordered(self.nc, subjects.port_wildcard(ns, self.proc_uid), self._on_port)
+        await subscribe_ordered(self.nc, subjects.ctl_proc(ns, self.proc_uid), self._on_ctl)
+        self._outbox_task = self.loop.create_task(self._drain_outbox())
+
+    async def close(self) -> None:
+        for closer in reversed(self._closers):
+            try:
+                res = closer()
+                if asyncio.iscoroutine(res):
+                    await res
+            except Exception:
+                log.exception("error while closing the runtime")
+        self._closers.clear()
+        if self.nc is not None and not self.nc.is_closed:
+            await self._flush_outbox()
+            try:
+                await asyncio.wait_for(self.nc.drain(), 2.0)
+            except Exception:
+                await self.nc.close()
+        if self._outbox_task is not None:
+            self._outbox_task.cancel()
+
+    def on_close(self, closer: Callable[[], Any]) -> None:
+        """Run ``closer`` (sync or async) when the runtime closes, last registered first."""
+        self._closers.append(closer)
+
+    async def _on_nats_error(self, e: Exception) -> None:
+        log.warning("NATS error on %s: %s", self.proc_uid, e)
+
+    async def _on_disconnected(self) -> None:
+        log.info("%s disconnected from the broker", self.proc_uid)
+
+    async def _on_reconnected(self) -> None:
+        log.info("%s reconnected to the broker", self.proc_uid)
+
+    # -- threads -----------------------------------------------------------
+
+    def on_loop_thread(self) -> bool:
+        return threading.get_ident() == self._loop_thread_id
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the loop, in call order, from any thread."""
+        if threading.get_ident() == self._loop_thread_id:
+            fn(*args)
+        else:
+            self.loop.call_soon_threadsafe(fn, *args)
+
+    def run_coro(self, coro: Any) -> Any:
+        """Schedule a coroutine on the loop from any thread; a concurrent future of its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    # -- sending -----------------------------------------------------------
+
+    def publish(
+        self,
+        subject: str,
+        payload: bytes,
+        headers: dict[str, str] | None = None,
+        reply: str = "",
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        """Queue a message; messages leave in the order ``publish`` was called. Loop only."""
+        self._outbox.append((subject, payload, reply, headers, on_error))
+        if len(self._outbox) == 1:
+            self._outbox_wakeup.set()
+
+    async def _drain_outbox(self) -> None:
+        nc, box, wakeup = self.nc, self._outbox, self._outbox_wakeup
+        while True:
+            await wakeup.wait()
+            wakeup.clear()
+            while box:
+                subject, payload, reply, headers, on_error = box.popleft()
+                try:
+                    await nc.publish(subject, payload, reply=reply, headers=headers)
+                except Exception as e:
+                    if on_error is not None:
+                        on_error(e)
+                    else:
+                        log.warning("could not publish to %s: %r", subject, e)
+
+    async def _flush_outbox(self) -> None:
+        for _ in range(100):
+            if not self._outbox:
+                break
+            await asyncio.sleep(0.005)
+        if self.nc is not None and self.nc.is_connected:
+            try:
+                await self.nc.flush(timeout=2)
+            except Exception:
+                pass
+
+    # -- receiving -----------------------------------------------------------
+
+    def open_port(self, handler: PortHandler) -> tuple[int, str]:
+        """Register a handler for messages to a new port of this proc; (id, subject)."""
+        port_id = next(self._port_ids)
+        self._ports[port_id] = handler
+        return port_id, subjects.port(self.namespace, self.proc_uid, port_id)
+
+    def close_port(self, port_id: int) -> None:
+        self._ports.pop(port_id, None)
+
+    def _on_port(self, msg: Msg) -> None:
+        port_id = msg.subject.rsplit(".", 1)[-1]
+        handler = self._ports.get(int(port_id)) if port_id.isdigit() else None
+        if handler is None:
+            log.debug("message for closed or unknown port %s", msg.subject)
+            return
+        handler(msg)
+
+    def set_ctl_handler(self, handler: Callable[[Msg], None]) -> None:
+        self._ctl_handler = handler
+
+    def _on_ctl(self, msg: Msg) -> None:
+        if self._ctl_handler is None:
+            log.warning("control message %s ignored: this process hosts no actors", msg.subject)
+            return
+        self._ctl_handler(msg)
+
+    async def subscribe_mesh(self, subject: str, handler: Callable[[Msg], None]) -> Any:
+        return await subscribe_ordered(self.nc, subject, handler)
+
+
+# -- the process-wide instance -------------------------------------------------
+
+_runtime: Runtime | None = None
+_runtime_lock = threading.Lock()
+
+
+def runtime() -> Runtime:
+    """This process's runtime, starting the client runtime on first use."""
+    rt = _runtime
+    if rt is not None:
+        return rt
+    with _runtime_lock:
+        if _runtime is None:
+            _start_client_runtime()
+        return _runtime  # type: ignore[return-value]
+
+
+def install_runtime(rt: Runtime) -> None:
+    """Make ``rt`` this process's runtime (a proc calls this at start-up)."""
+    global _runtime
+    _runtime = rt
+
+
+def current_runtime_or_none() -> Runtime | None:
+    return _runtime
+
+
+def _start_client_runtime() -> None:
+    """Start the broker if needed, the loop thread, and connect: the client becomes the root."""
+    global _runtime
+    cfg = settings()
+    broker = None
+    url = cfg.nats_url
+    if not url:
+        from monarch.broker.server import EmbeddedBroker
+
+        broker = EmbeddedBroker().start()
+        url = broker.url
+        # Procs we start inherit the URL through the environment.
+        os.environ["MONARCH_NATS_URL"] = url
+    loop = new_event_loop()
+    uid = subjects.new_uid()
+    rt = Runtime(proc_uid=f"client-{uid}", loop=loop, cfg=cfg)
+    rt.is_client = True
+    started = threading.Event()
+    thread = threading.Thread(
+        target=_run_loop_forever, args=(loop, started), name="monarch-runtime", daemon=True
+    )
+    thread.start()
+    started.wait()
+    try:
+        asyncio.run_coroutine_threadsafe(rt.connect(url), loop).result(30)
+    except BaseException:
+        loop.call_soon_threadsafe(loop.stop)
+        if broker is not None:
+            broker.stop()
+        raise
+    _runtime = rt
+
+    def shutdown() -> None:
+        global _runtime
+        try:
+            asyncio.run_coroutine_threadsafe(rt.close(), loop).result(cfg.stop_timeout + 5)
+        except Exception:
+            log.exception("monarch runtime did not close cleanly")
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        if broker is not None:
+            broker.stop()
+            if os.environ.get("MONARCH_NATS_URL") == url:
+                del os.environ["MONARCH_NATS_URL"]
+        _runtime = None
+
+    rt._shutdown = shutdown  # type: ignore[attr-defined]
+    atexit.register(shutdown_runtime)
+
+
+def _run_loop_forever(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:
+    asyncio.set_event_loop(loop)
+    loop.call_soon(started.set)
+    loop.run_forever()
+
+
+def shutdown_runtime() -> None:
+    """Stop everything the client runtime started (procs, broker); idempotent."""
+    rt = _runtime
+    if rt is not None and getattr(rt, "_shutdown", None) is not None:
+        fn = rt._shutdown  # type: ignore[attr-defined]
+        rt._shutdown = None  # type: ignore[attr-defined]
+        fn()

@@ -1,0 +1,396 @@
+"""Message bodies: Python values to bytes and back.
+
+A body is msgpack, so it is fast for the small control messages that dominate
+traffic and readable by any msgpack tool. msgpack alone would silently turn
+tuples into lists and drop subclasses, so values it cannot carry exactly reach
+extension types (codes 1..15 are the codec's, 16..127 are for
+:func:`register_ext`):
+
+* **Marker arrays** (tuple, ndarray, tensor, bytearray, registered types): an
+  array whose first item is an empty ext of the type's code, the rest being
+  the fields, packed in the same msgpack stream. Unlike an ext whose payload is
+  a nested msgpack blob, this costs no nested pack/unpack and no copy per
+  level, and a tensor inside ``(args, kwargs)`` stays one copy away from the
+  wire.
+* **Payload exts**: cloudpickle (4) for everything else, big ints (6).
+* **Raw buffers** (tensors, numpy arrays, bytearrays) travel out of band in the
+  same body: ``fixext8(code 7, len(msgpack part))``, the msgpack part, then the
+  buffers back to back; the marker array holds dtype, shape, offset and length.
+  Encoding copies each buffer once (into the body), decoding once (into a
+  fresh writable buffer). Bodies without buffers are plain msgpack.
+
+torch and numpy are never imported here: a value is a tensor only if torch is
+already in ``sys.modules``; decoding a tensor imports torch at that point.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+from msgpack import ExtType, Packer, unpackb
+
+from monarch.broker.config import settings
+
+__all__ = [
+    "CodecError",
+    "DecodeError",
+    "EncodeError",
+    "PicklingForbiddenError",
+    "dumps",
+    "loads",
+    "register_ext",
+]
+
+
+class CodecError(Exception):
+    """Base of every error raised by :func:`dumps`, :func:`loads` and :func:`register_ext`'s hooks."""
+
+
+class EncodeError(CodecError, TypeError):
+    """The value cannot be turned into a message body; the message names the type and why."""
+
+
+class PicklingForbiddenError(EncodeError):
+    """The value needs cloudpickle, which ``MONARCH_PICKLE=0`` (or ``allow_pickle=False``) forbids."""
+
+
+class DecodeError(CodecError, ValueError):
+    """The bytes are not a body this codec (with its current settings) can decode."""
+
+
+_TUPLE, _NDARRAY, _TENSOR, _PICKLE, _BYTEARRAY, _BIGINT, _FRAME = 1, 2, 3, 4, 5, 6, 7
+_FRAME_HEAD = struct.Struct(">BbQ")  # msgpack fixext8: 0xd7, code, 8-byte length
+_NO_PICKLE_TYPES = (
+    "None, bool, int, float, str, bytes, bytearray, list, tuple, dict, torch tensors, "
+    "numpy arrays and types registered with monarch.broker.codec.register_ext"
+)
+
+
+class _Mark:
+    """What the decoder sees for a marker ext; ``build(decoder, [mark, *fields])`` makes the value."""
+
+    __slots__ = ("build", "ext")
+
+    def __init__(self, code: int, build: Callable[[_Decoder, list], Any]) -> None:
+        self.ext = ExtType(code, b"")
+        self.build = build
+
+
+class _Registered:
+    __slots__ = ("cls", "encode", "mark")
+
+    def __init__(self, code: int, cls: type, encode: Callable, decode: Callable) -> None:
+        self.cls, self.encode = cls, encode
+        self.mark = _Mark(code, lambda _dec, items: decode(items[1]))
+
+
+_marks: dict[int, _Mark] = {}  # code -> mark, for the codec's own marker codes and registered ones
+_registered: dict[type, _Registered] = {}
+_register_lock = threading.Lock()
+
+
+def register_ext(
+    code: int, cls: type, encode: Callable[[Any], Any], decode: Callable[[Any], Any]
+) -> None:
+    """Give ``cls`` (and its subclasses, unless registered themselves) its own ext code.
+
+    ``encode(obj)`` returns any value this codec can encode (tuples, tensors and
+    other registered types included); ``decode`` receives that value back, decoded.
+    Raises ValueError if ``code`` is outside 16..127 or taken, or ``cls`` is
+    already registered or a type msgpack encodes natively.
+    """
+    if not isinstance(code, int) or isinstance(code, bool) or not 16 <= code <= 127:
+        raise ValueError(f"ext code must be an int in 16..127 (1..15 are the codec's), got {code!r}")
+    if not isinstance(cls, type) or cls in (type(None), bool, int, float, str, bytes, bytearray, list, tuple, dict):
+        raise ValueError(f"cannot register {cls!r}: not a class, or one the codec already encodes")
+    with _register_lock:
+        if code in _marks:
+            raise ValueError(f"ext code {code} is already registered")
+        if cls in _registered:
+            raise ValueError(f"{cls.__qualname__} is already registered")
+        entry = _Registered(code, cls, encode, decode)
+        _registered[cls] = entry
+        _marks[code] = entry.mark
+
+
+def _type_name(obj: Any) -> str:
+    t = type(obj)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _has_bytearray(values: Any) -> bool:
+    """Whether ``values`` reach a bytearray through lists and dicts (tuples are checked in _default).
+
+    msgpack packs bytearray as bin, which would come back as bytes, and offers
+    no hook for it, so containers are looked through before packing.
+    """
+    if len(values) > 16 and _LEAVES.issuperset(map(type, values)):
+        return False  # long flat containers: one pass in C
+    for v in values:
+        t = type(v)
+        if t is list:
+            if _has_bytearray(v):
+                return True
+        elif t is dict:
+            if _has_bytearray(v.values()):
+                return True
+        elif t is bytearray:
+            return True
+    return False
+
+
+_LEAVES = frozenset((int, float, str, bytes, bool, type(None), tuple))
+
+
+class _Encoder:
+    """One ``dumps`` at a time: msgpack calls ``_default`` for anything it does not pack itself.
+
+    Each thread keeps one per ``allow_pickle`` value, so the hot path allocates
+    no Packer; a nested ``dumps`` (from a registered encode hook) gets a fresh one.
+    """
+
+    def __init__(self, allow_pickle: bool) -> None:
+        self.allow_pickle = allow_pickle
+        self.busy = False
+        self.buffers: list[Any] = []  # raw buffers for the frame, in offset order
+        self.keep: list[Any] = []  # tensors whose memory the buffers point into
+        self.size = 0
+        self.packer = Packer(default=self._default, use_bin_type=True, strict_types=True)
+
+    def encode(self, obj: Any) -> bytes:
+        self.busy = True
+        try:
+            body = self.packer.pack(self._prepare(obj))
+            if not self.buffers:
+                return body
+            return b"".join([_FRAME_HEAD.pack(0xD7, _FRAME, len(body)), body, *self.buffers])
+        finally:
+            self.buffers.clear()
+            self.keep.clear()
+            self.size = 0
+            self.busy = False
+
+    def _prepare(self, obj: Any) -> Any:
+        t = type(obj)
+        if (t is list and _has_bytearray(obj)) or (t is dict and _has_bytearray(obj.values())):
+            return self._rewrite(obj)
+        return self._bytearray(obj) if t is bytearray else obj
+
+    def _rewrite(self, obj: Any) -> Any:
+        t = type(obj)
+        if t is list:
+            return [self._rewrite(v) for v in obj]
+        if t is dict:
+            return {k: self._rewrite(v) for k, v in obj.items()}
+        return self._bytearray(obj) if t is bytearray else obj
+
+    def _add_buffer(self, raw: Any, nbytes: int) -> int:
+        offset = self.size
+        if nbytes:
+            self.buffers.append(raw)
+            self.size += nbytes
+        return offset
+
+    def _bytearray(self, b: bytearray) -> list:
+        return [_BYTEARRAY_EXT, self._add_buffer(memoryview(b), len(b)), len(b)]
+
+    def _default(self, obj: Any) -> Any:
+        t = type(obj)
+        if t is tuple:
+            if _has_bytearray(obj):
+                return [_TUPLE_EXT, *map(self._rewrite, obj)]
+            return [_TUPLE_EXT, *obj]
+        reg = _registered.get(t)
+        torch = sys.modules.get("torch")
+        if reg is None and torch is not None and t in (torch.Tensor, torch.nn.Parameter):
+            if obj.layout == torch.strided and not obj.is_quantized and obj.device.type != "meta":
+                return self._tensor(obj)
+        np = sys.modules.get("numpy")
+        if reg is None and np is not None and t is np.ndarray:
+            if not obj.dtype.hasobject and obj.dtype.fields is None:
+                return self._ndarray(np, obj)
+        if reg is None:
+            reg = next((r for c, r in _registered.items() if isinstance(obj, c)), None)
+        if reg is not None:
+            return [reg.mark.ext, self._prepare(reg.encode(obj))]
+        if t is int:  # beyond 64 bits
+            return ExtType(_BIGINT, obj.to_bytes((obj.bit_length() + 8) // 8, "big", signed=True))
+        return self._pickle(obj)
+
+    def _tensor(self, t: Any) -> list:
+        import ctypes
+
+        t = t.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.resolve_conj().resolve_neg().contiguous()
+        nbytes = t.numel() * t.element_size()
+        raw = (ctypes.c_char * nbytes).from_address(t.data_ptr()) if nbytes else b""
+        self.keep.append(t)
+        dtype = str(t.dtype).removeprefix("torch.")
+        return [_TENSOR_EXT, dtype, list(t.shape), self._add_buffer(raw, nbytes), nbytes]
+
+    def _ndarray(self, np: Any, a: Any) -> list:
+        if not a.flags.c_contiguous:
+            a = a.copy(order="C")
+        raw = memoryview(a.reshape(-1).view(np.uint8))
+        return [_NDARRAY_EXT, a.dtype.str, list(a.shape), self._add_buffer(raw, a.nbytes), a.nbytes]
+
+    def _pickle(self, obj: Any) -> ExtType:
+        if not self.allow_pickle:
+            raise PicklingForbiddenError(
+                f"cannot send a {_type_name(obj)}: it needs pickle and pickling is off "
+                f"(MONARCH_PICKLE=0 or allow_pickle=False). Set MONARCH_PICKLE=1 to allow it, "
+                f"or send only {_NO_PICKLE_TYPES}."
+            )
+        try:
+            return ExtType(_PICKLE, cloudpickle.dumps(obj, protocol=5))
+        except Exception as e:
+            raise EncodeError(
+                f"cannot send a {_type_name(obj)}: cloudpickle failed: {type(e).__name__}: {e}"
+            ) from e
+
+
+class _Encoders(threading.local):
+    def __init__(self) -> None:
+        self.by_allow = {True: _Encoder(True), False: _Encoder(False)}
+
+
+_encoders = _Encoders()
+
+
+def dumps(obj: Any, *, allow_pickle: bool | None = None) -> bytes:
+    """Encode ``obj`` as a message body; :func:`loads` gives back an equal value of the same type.
+
+    Tensors come back detached and on CPU; numpy arrays and tensors are copied
+    bit-exactly without pickle. ``allow_pickle=None`` means ``MONARCH_PICKLE``.
+    Raises PicklingForbiddenError if the value needs pickle and it is off, and
+    EncodeError if it cannot be encoded at all. Thread-safe.
+    """
+    allow = settings().pickle if allow_pickle is None else bool(allow_pickle)
+    enc = _encoders.by_allow[allow]
+    if enc.busy:
+        enc = _Encoder(allow)
+    try:
+        return enc.encode(obj)
+    except CodecError:
+        raise
+    except Exception as e:
+        raise EncodeError(f"cannot encode a {_type_name(obj)}: {type(e).__name__}: {e}") from e
+
+
+class _Decoder:
+    """Hooks for one body: ``region`` is its out-of-band buffer area (None if it has none)."""
+
+    __slots__ = ("allow_pickle", "region")
+
+    def __init__(self, allow_pickle: bool, region: memoryview | None) -> None:
+        self.allow_pickle, self.region = allow_pickle, region
+
+    def ext_hook(self, code: int, data: bytes) -> Any:
+        mark = _marks.get(code)
+        if mark is not None and not data:
+            return mark
+        if code == _PICKLE:
+            if not self.allow_pickle:
+                raise DecodeError(
+                    "the body holds a pickled value and this receiver forbids pickle "
+                    "(MONARCH_PICKLE=0 or allow_pickle=False)"
+                )
+            return cloudpickle.loads(data)
+        if code == _BIGINT:
+            return int.from_bytes(data, "big", signed=True)
+        raise DecodeError(f"unknown or malformed ext code {code} ({len(data)} bytes)")
+
+    def list_hook(self, items: list) -> Any:
+        if items and type(items[0]) is _Mark:
+            return items[0].build(self, items)
+        return items
+
+    def raw(self, offset: Any, nbytes: Any) -> bytearray:
+        """A writable copy of ``nbytes`` at ``offset`` in the buffer area."""
+        region = self.region
+        if region is None or type(offset) is not int or type(nbytes) is not int:
+            raise DecodeError("malformed buffer reference")
+        if offset < 0 or nbytes < 0 or offset + nbytes > len(region):
+            raise DecodeError(f"buffer reference {offset}+{nbytes} outside the {len(region)}-byte buffer area")
+        return bytearray(region[offset : offset + nbytes])
+
+    def build_tuple(self, items: list) -> tuple:
+        del items[0]
+        return tuple(items)
+
+    def build_bytearray(self, items: list) -> bytearray:
+        return self.raw(*items[1:])
+
+    def build_tensor(self, items: list) -> Any:
+        import torch
+
+        _, name, shape, offset, nbytes = items
+        dtype = getattr(torch, name, None) if type(name) is str else None
+        if not isinstance(dtype, torch.dtype):
+            raise DecodeError(f"bad tensor payload: unknown dtype {name!r}")
+        _check_size(shape, dtype.itemsize, nbytes)
+        if not nbytes:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(self.raw(offset, nbytes), dtype=dtype).reshape(shape)
+
+    def build_ndarray(self, items: list) -> Any:
+        import numpy as np
+
+        _, name, shape, offset, nbytes = items
+        dtype = np.dtype(name)
+        if dtype.hasobject:
+            raise DecodeError("bad array payload: object dtype")
+        _check_size(shape, dtype.itemsize, nbytes)
+        return np.frombuffer(self.raw(offset, nbytes), dtype=dtype).reshape(shape)
+
+
+def _check_size(shape: Any, itemsize: int, nbytes: Any) -> None:
+    if type(shape) is not list or not all(type(n) is int and n >= 0 for n in shape):
+        raise DecodeError(f"bad tensor payload: shape {shape!r}")
+    if math.prod(shape) * itemsize != nbytes:
+        raise DecodeError(f"bad tensor payload: shape {shape} does not match {nbytes} bytes")
+
+
+_TYPE_MARKS = {
+    _TUPLE: _Mark(_TUPLE, _Decoder.build_tuple),
+    _NDARRAY: _Mark(_NDARRAY, _Decoder.build_ndarray),
+    _TENSOR: _Mark(_TENSOR, _Decoder.build_tensor),
+    _BYTEARRAY: _Mark(_BYTEARRAY, _Decoder.build_bytearray),
+}
+_marks.update(_TYPE_MARKS)
+_TUPLE_EXT, _NDARRAY_EXT, _TENSOR_EXT, _BYTEARRAY_EXT = (m.ext for m in _TYPE_MARKS.values())
+_plain_decoders = {allow: _Decoder(allow, None) for allow in (True, False)}
+
+
+def loads(data: bytes | bytearray | memoryview, *, allow_pickle: bool | None = None) -> Any:
+    """Decode a body made by :func:`dumps`. Tensors and arrays come back writable, on CPU.
+
+    ``allow_pickle=None`` means ``MONARCH_PICKLE``. Raises DecodeError for
+    malformed bytes, unknown ext codes, and pickled values when pickle is off.
+    Never keeps a reference to ``data``. Thread-safe.
+    """
+    allow = settings().pickle if allow_pickle is None else bool(allow_pickle)
+    try:
+        if len(data) >= _FRAME_HEAD.size and data[0] == 0xD7 and data[1] == _FRAME:
+            view = memoryview(data)
+            end = _FRAME_HEAD.size + _FRAME_HEAD.unpack_from(view)[2]
+            if end > len(view):
+                raise DecodeError(f"truncated body: frame says {end} bytes, got {len(view)}")
+            dec, data = _Decoder(allow, view[end:]), view[_FRAME_HEAD.size : end]
+        else:
+            dec = _plain_decoders[allow]
+        return unpackb(
+            data, ext_hook=dec.ext_hook, list_hook=dec.list_hook, raw=False, strict_map_key=False
+        )
+    except CodecError:
+        raise
+    except Exception as e:
+        raise DecodeError(f"malformed message body: {type(e).__name__}: {e}") from e

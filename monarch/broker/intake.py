@@ -1,0 +1,76 @@
+"""One ordered intake for all the subscriptions of a connection.
+
+nats-py hands each subscription its own queue and its own task, so messages
+that arrive on one socket in order can be handled out of order when they match
+different subscriptions (an actor listens on 2^d subjects; DESIGN.md reports 30
+inversions in 100,000 messages over 4 subscriptions). The server delivers one
+publisher's messages to one connection in order, so the fix is to handle each
+message synchronously, in wire order, the moment nats-py parses it.
+
+nats-py has no public hook for that, so :func:`subscribe_ordered` swaps the
+subscription's pending queue for :class:`_DirectQueue`, whose ``put_nowait``
+calls the handler at once. This is the one place the runtime touches nats-py
+internals (``Subscription._pending_queue``, ``_pending_size``,
+``_pending_bytes_limit``); :func:`subscribe_ordered` checks they exist so an
+incompatible nats-py fails loudly at start-up rather than reordering quietly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Msg], None]
+
+
+class _DirectQueue:
+    """Quacks like the ``asyncio.Queue`` nats-py expects; delivers inline."""
+
+    def __init__(self, sub: Subscription, handler: Handler) -> None:
+        self._sub = sub
+        self._handler = handler
+
+    def put_nowait(self, msg: Msg) -> None:
+        # nats-py counted these bytes as pending; they are handled already.
+        self._sub._pending_size -= len(msg.data)
+        try:
+            self._handler(msg)
+        except Exception:  # a handler bug must not kill the connection's reader
+            log.exception("dropping message on %s: handler failed", msg.subject)
+
+    def qsize(self) -> int:
+        return 0
+
+    def empty(self) -> bool:
+        return True
+
+    def task_done(self) -> None:
+        pass
+
+    async def join(self) -> None:
+        return None
+
+
+async def subscribe_ordered(nc: Client, subject: str, handler: Handler) -> Subscription:
+    """Subscribe so that ``handler`` runs inline, in wire order, on the reader task.
+
+    The handler must be quick and must not block: it routes the message to a
+    mailbox and returns. Exceptions it raises are logged and the message is
+    dropped; they never reach nats-py.
+    """
+    sub = await nc.subscribe(subject)
+    for attr in ("_pending_queue", "_pending_size", "_pending_bytes_limit"):
+        if not hasattr(sub, attr):
+            raise RuntimeError(
+                f"this nats-py version has no Subscription.{attr}; monarch needs it for "
+                "ordered delivery (pin nats-py>=2.9,<3)"
+            )
+    sub._pending_bytes_limit = 0  # our mailboxes account for memory, not nats-py
+    sub._pending_queue = _DirectQueue(sub, handler)  # type: ignore[assignment]
+    return sub
