@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 from typing import Any
 
@@ -32,3 +33,27 @@ def check_actor_class(cls: Any) -> type:
     if not (isinstance(cls, type) and issubclass(cls, Actor)):
         raise TypeError(f"spawn() needs a subclass of monarch.actor.Actor, got {cls!r}")
     return cls
+
+
+def class_ref(cls: type) -> Any:
+    """How a spawn message names the actor class: ``module:qualname`` when importable.
+
+    Classes defined in a script's ``__main__`` (or inside functions) travel by
+    value through cloudpickle instead, which the receiving proc unpickles.
+    """
+    module = cls.__module__
+    if module != "__main__" and "<locals>" not in cls.__qualname__:
+        return f"{module}:{cls.__qualname__}"
+    return cls
+
+
+def resolve_class(ref: Any) -> type:
+    if isinstance(ref, str):
+        module, _, qualname = ref.partition(":")
+        obj: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        ref = obj
+    if not (isinstance(ref, type) and issubclass(ref, Actor)):
+        raise TypeError(f"{ref!r} is not an Actor class")
+    return ref

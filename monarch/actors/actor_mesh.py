@@ -30,7 +30,8 @@ from monarch.actors.runtime import Runtime, runtime
 from monarch.actors.shape import Extent, View
 from monarch.actors.value_mesh import ValueMesh
 from monarch.broker import subjects
-from monarch.broker.codec import dumps
+from monarch.actors.actor import class_ref, resolve_class
+from monarch.broker.codec import dumps, register_ext
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
@@ -62,6 +63,7 @@ class MeshState:
         self.dead: dict[int, BaseException] = {}  # base rank -> why
         self._queued: list[tuple] = []
         self.inflight: set[Gather] = set()
+        rt.mesh_states[uid] = self
 
     def actor_id(self, rank: int) -> str:
         return f"{self.name}.{self.uid}[{rank}]"
@@ -290,4 +292,34 @@ def spawn_error(name: str, rank: int, err: BaseException) -> SpawnError:
     return e
 
 
-__all__ = ["ActorMesh", "MeshState", "Gather", "MessageTooLargeError", "spawn_error", "runtime", "SupervisionError"]
+
+
+# -- references travel as their own msgpack extension type ------------------------
+
+_MESH_EXT = 16
+
+
+def _encode_mesh(mesh: ActorMesh) -> list:
+    st, view = mesh._state, mesh._view
+    cls_ref = class_ref(st.cls) if st.cls is not None else None
+    return [
+        st.name, st.uid, cls_ref, st.class_name,
+        st.base.labels, st.base.sizes,
+        view.extent.labels, view.extent.sizes, list(view.ranks),
+    ]
+
+
+def _decode_mesh(fields: list) -> ActorMesh:
+    name, uid, cls_ref, class_name, blabels, bsizes, vlabels, vsizes, ranks = fields
+    rt = runtime()
+    st = rt.mesh_states.get(uid)
+    if st is None:
+        cls = resolve_class(cls_ref) if cls_ref is not None else None
+        st = MeshState(rt, name, uid, cls, class_name, Extent(blabels, bsizes))
+        st.ready = True  # it existed when the reference was made
+        rt.mesh_states[uid] = st
+    base = st.base
+    return ActorMesh(st, View(Extent(vlabels, vsizes), base, ranks))
+
+
+register_ext(_MESH_EXT, ActorMesh, _encode_mesh, _decode_mesh)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import logging
 import os
 import sys
@@ -20,7 +19,7 @@ from typing import Any
 from nats.aio.msg import Msg
 
 from monarch.actors import messages as m
-from monarch.actors.actor import Actor
+from monarch.actors.actor import resolve_class
 from monarch.actors.instance import ActorInstance
 from monarch.actors.runtime import Runtime, install_runtime, new_event_loop
 from monarch.actors.shape import Extent
@@ -29,30 +28,6 @@ from monarch.broker.codec import dumps, loads
 from monarch.broker.config import settings
 
 log = logging.getLogger("monarch.proc")
-
-
-def class_ref(cls: type) -> Any:
-    """How a spawn message names the actor class: ``module:qualname`` when importable.
-
-    Classes defined in a script's ``__main__`` (or inside functions) travel by
-    value through cloudpickle instead, which the receiving proc unpickles.
-    """
-    module = cls.__module__
-    if module != "__main__" and "<locals>" not in cls.__qualname__:
-        return f"{module}:{cls.__qualname__}"
-    return cls
-
-
-def resolve_class(ref: Any) -> type:
-    if isinstance(ref, str):
-        module, _, qualname = ref.partition(":")
-        obj: Any = importlib.import_module(module)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-        ref = obj
-    if not (isinstance(ref, type) and issubclass(ref, Actor)):
-        raise TypeError(f"{ref!r} is not an Actor class")
-    return ref
 
 
 class ProcServer:

@@ -13,18 +13,17 @@ import logging
 from typing import Any, TypeVar
 
 from monarch.actors import messages as m
-from monarch.actors.actor import check_actor_class
+from monarch.actors.actor import check_actor_class, class_ref
 from monarch.actors.actor_mesh import ActorMesh, MeshState, spawn_error
 from monarch.actors.errors import MeshStoppedError, ProcStartError, SupervisionError
 from monarch.actors.future import Future
 from monarch.actors.launcher import LocalLauncher, ProcHandle
 from monarch.actors.mesh_ops import MeshShapeOps
-from monarch.actors.proc import class_ref
 from monarch.actors.rpc import request_all
 from monarch.actors.runtime import Runtime
 from monarch.actors.shape import Extent, View
 from monarch.broker import subjects
-from monarch.broker.codec import dumps
+from monarch.broker.codec import PicklingForbiddenError, dumps
 
 log = logging.getLogger(__name__)
 A = TypeVar("A")
@@ -41,6 +40,7 @@ class ProcMeshState:
         self.launcher = launcher
         self.procs: list[ProcHandle] = []
         self.ready: asyncio.Future = rt.loop.create_future()
+        self.launched = asyncio.Event()  # start() has finished, successfully or not
         self.dead: asyncio.Future = rt.loop.create_future()  # completed by the first early exit
         self.actor_meshes: list[tuple[MeshState, list[int]]] = []
         self.stopping = False
@@ -71,6 +71,7 @@ class ProcMeshState:
             raise
         finally:
             self.rt.close_port(port_id)
+            self.launched.set()
 
     def _on_ready(self, msg: Any) -> None:
         if (msg.headers or {}).get(m.KIND) != "ready" or self.ready.done():
@@ -121,8 +122,15 @@ class ProcMeshState:
             return
         mesh_state.mark_ready()
 
-    async def stop(self, procs: list[ProcHandle]) -> None:
+    async def stop(self, procs: list[ProcHandle] | None = None) -> None:
+        """Stop gracefully (actors drain and clean up), then kill what is left.
+
+        Waits for a start that is still under way, so procs that come up
+        after ``stop()`` was called are stopped too.
+        """
         self.stopping = True
+        await self.launched.wait()
+        procs = self.procs if procs is None else procs
         for mesh_state, _ in self.actor_meshes:
             mesh_state.mark_stopped("its proc mesh was stopped")
         live = [p for p in procs if p.returncode is None]
@@ -136,8 +144,10 @@ class ProcMeshState:
 
     async def shutdown(self) -> None:
         """At client exit: stop whatever is still running, quickly."""
-        if any(p.returncode is None and not p.exited.is_set() for p in self.procs):
-            await self.stop(self.procs)
+        if not self.launched.is_set() or any(
+            p.returncode is None and not p.exited.is_set() for p in self.procs
+        ):
+            await self.stop()
 
     async def kill(self) -> None:
         self.stopping = True
@@ -201,6 +211,12 @@ class ProcMesh(MeshShapeOps):
             "labels": extent.labels,
             "sizes": extent.sizes,
         }
+        if not isinstance(spec["cls"], str) and not st.rt.settings.pickle:
+            raise PicklingForbiddenError(
+                f"actor class {cls.__qualname__} is defined in {cls.__module__} (not importable "
+                "by procs), so it would travel by cloudpickle, which MONARCH_PICKLE=0 forbids: "
+                "move it to an importable module or set MONARCH_PICKLE=1"
+            )
         body = dumps(spec)
         mesh_state = MeshState(st.rt, name, mesh_uid, cls, cls.__name__, extent)
         proc_ranks = list(view.ranks)
@@ -219,12 +235,9 @@ class ProcMesh(MeshShapeOps):
             return st.stopped
         fut: Future[None] = Future()
         st.stopped = fut
-        procs = None
-
         async def run() -> None:
             try:
-                handles = st.procs if procs is None else procs
-                await st.stop(handles)
+                await st.stop()
                 fut._set_result(None)
             except BaseException as e:
                 fut._set_exception(e)

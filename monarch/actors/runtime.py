@@ -58,6 +58,7 @@ class Runtime:
         self.nc: Client | None = None
         self.is_client = False
         self._ports: dict[int, PortHandler] = {}
+        self.mesh_states: dict[str, Any] = {}  # actor mesh uid -> MeshState known here
         self._port_ids = itertools.count(1)
         self._mesh_handlers: dict[str, Callable[[Msg], None]] = {}
         self._ctl_handler: Callable[[Msg], None] | None = None

@@ -1,23 +1,21 @@
 """Message bodies: Python values to bytes and back.
 
-A body is msgpack, so it is fast for the small control messages that dominate
-traffic and readable by any msgpack tool. msgpack alone would silently turn
-tuples into lists and drop subclasses, so values it cannot carry exactly reach
-extension types (codes 1..15 are the codec's, 16..127 are for
-:func:`register_ext`):
+A body is msgpack: fast for the small control messages that dominate traffic
+and readable by any msgpack tool. msgpack alone would turn tuples into lists
+and drop subclasses, so what it cannot carry exactly uses extension types
+(codes 1..15 are the codec's, 16..127 are for :func:`register_ext`):
 
 * **Marker arrays** (tuple, ndarray, tensor, bytearray, registered types): an
-  array whose first item is an empty ext of the type's code, the rest being
-  the fields, packed in the same msgpack stream. Unlike an ext whose payload is
-  a nested msgpack blob, this costs no nested pack/unpack and no copy per
-  level, and a tensor inside ``(args, kwargs)`` stays one copy away from the
-  wire.
-* **Payload exts**: cloudpickle (4) for everything else, big ints (6).
+  array whose first item is an empty ext of the type's code, followed by the
+  fields, all in the one msgpack stream. Unlike an ext whose payload is a
+  nested msgpack blob, this needs no nested pack/unpack and no copy per level.
+* **Payload exts**: cloudpickle (4) for everything else, ints beyond 64 bits (6).
 * **Raw buffers** (tensors, numpy arrays, bytearrays) travel out of band in the
   same body: ``fixext8(code 7, len(msgpack part))``, the msgpack part, then the
   buffers back to back; the marker array holds dtype, shape, offset and length.
-  Encoding copies each buffer once (into the body), decoding once (into a
-  fresh writable buffer). Bodies without buffers are plain msgpack.
+  So encoding copies a buffer once (into the body) however deep it sits, and
+  decoding once (into fresh writable memory). Bodies without buffers are plain
+  msgpack.
 
 torch and numpy are never imported here: a value is a tensor only if torch is
 already in ``sys.modules``; decoding a tensor imports torch at that point.
@@ -37,19 +35,12 @@ from msgpack import ExtType, Packer, unpackb
 
 from monarch.broker.config import settings
 
-__all__ = [
-    "CodecError",
-    "DecodeError",
-    "EncodeError",
-    "PicklingForbiddenError",
-    "dumps",
-    "loads",
-    "register_ext",
-]
+__all__ = ["CodecError", "DecodeError", "EncodeError", "PicklingForbiddenError"]
+__all__ += ["dumps", "loads", "register_ext"]
 
 
 class CodecError(Exception):
-    """Base of every error raised by :func:`dumps`, :func:`loads` and :func:`register_ext`'s hooks."""
+    """Base of the errors :func:`dumps` and :func:`loads` raise."""
 
 
 class EncodeError(CodecError, TypeError):
@@ -66,10 +57,9 @@ class DecodeError(CodecError, ValueError):
 
 _TUPLE, _NDARRAY, _TENSOR, _PICKLE, _BYTEARRAY, _BIGINT, _FRAME = 1, 2, 3, 4, 5, 6, 7
 _FRAME_HEAD = struct.Struct(">BbQ")  # msgpack fixext8: 0xd7, code, 8-byte length
-_NO_PICKLE_TYPES = (
-    "None, bool, int, float, str, bytes, bytearray, list, tuple, dict, torch tensors, "
-    "numpy arrays and types registered with monarch.broker.codec.register_ext"
-)
+_PACKER_KEEPS = 1 << 20  # a Packer keeps its largest buffer; replace it after bigger bodies
+_NATIVE = frozenset((type(None), bool, int, float, str, bytes, bytearray, list, tuple, dict))
+_LEAVES = frozenset((type(None), bool, int, float, str, bytes, tuple))
 
 
 class _Mark:
@@ -78,20 +68,11 @@ class _Mark:
     __slots__ = ("build", "ext")
 
     def __init__(self, code: int, build: Callable[[_Decoder, list], Any]) -> None:
-        self.ext = ExtType(code, b"")
-        self.build = build
+        self.ext, self.build = ExtType(code, b""), build
 
 
-class _Registered:
-    __slots__ = ("cls", "encode", "mark")
-
-    def __init__(self, code: int, cls: type, encode: Callable, decode: Callable) -> None:
-        self.cls, self.encode = cls, encode
-        self.mark = _Mark(code, lambda _dec, items: decode(items[1]))
-
-
-_marks: dict[int, _Mark] = {}  # code -> mark, for the codec's own marker codes and registered ones
-_registered: dict[type, _Registered] = {}
+_marks: dict[int, _Mark] = {}  # code -> mark: the codec's marker codes and registered ones
+_registered: dict[type, tuple[_Mark, Callable[[Any], Any]]] = {}  # cls -> (mark, encode)
 _register_lock = threading.Lock()
 
 
@@ -102,21 +83,21 @@ def register_ext(
 
     ``encode(obj)`` returns any value this codec can encode (tuples, tensors and
     other registered types included); ``decode`` receives that value back, decoded.
-    Raises ValueError if ``code`` is outside 16..127 or taken, or ``cls`` is
-    already registered or a type msgpack encodes natively.
+    Raises ValueError if ``code`` is outside 16..127 or taken, or if ``cls`` is
+    registered already or is a type msgpack encodes natively.
     """
-    if not isinstance(code, int) or isinstance(code, bool) or not 16 <= code <= 127:
-        raise ValueError(f"ext code must be an int in 16..127 (1..15 are the codec's), got {code!r}")
-    if not isinstance(cls, type) or cls in (type(None), bool, int, float, str, bytes, bytearray, list, tuple, dict):
-        raise ValueError(f"cannot register {cls!r}: not a class, or one the codec already encodes")
+    if type(code) is not int or not 16 <= code <= 127:
+        raise ValueError(
+            f"ext code must be an int in 16..127 (1..15 are the codec's), got {code!r}"
+        )
+    if not isinstance(cls, type) or cls in _NATIVE:
+        raise ValueError(f"cannot register {cls!r}: not a class, or one the codec encodes itself")
     with _register_lock:
-        if code in _marks:
-            raise ValueError(f"ext code {code} is already registered")
-        if cls in _registered:
-            raise ValueError(f"{cls.__qualname__} is already registered")
-        entry = _Registered(code, cls, encode, decode)
-        _registered[cls] = entry
-        _marks[code] = entry.mark
+        if code in _marks or cls in _registered:
+            raise ValueError(f"cannot register {cls.__qualname__} as {code}: already registered")
+        mark = _Mark(code, lambda _decoder, items: decode(items[1]))
+        _registered[cls] = (mark, encode)
+        _marks[code] = mark
 
 
 def _type_name(obj: Any) -> str:
@@ -125,70 +106,62 @@ def _type_name(obj: Any) -> str:
 
 
 def _has_bytearray(values: Any) -> bool:
-    """Whether ``values`` reach a bytearray through lists and dicts (tuples are checked in _default).
+    """Whether ``values`` reach a bytearray through lists and dicts (tuples go through _default).
 
-    msgpack packs bytearray as bin, which would come back as bytes, and offers
-    no hook for it, so containers are looked through before packing.
+    msgpack packs a bytearray as bin, which comes back as bytes, and offers no
+    hook for it, so containers are looked through before packing.
     """
     if len(values) > 16 and _LEAVES.issuperset(map(type, values)):
         return False  # long flat containers: one pass in C
     for v in values:
         t = type(v)
-        if t is list:
-            if _has_bytearray(v):
-                return True
-        elif t is dict:
-            if _has_bytearray(v.values()):
-                return True
-        elif t is bytearray:
+        if t is bytearray or (t is list and _has_bytearray(v)):
+            return True
+        if t is dict and _has_bytearray(v.values()):
             return True
     return False
 
 
-_LEAVES = frozenset((int, float, str, bytes, bool, type(None), tuple))
-
-
 class _Encoder:
-    """One ``dumps`` at a time: msgpack calls ``_default`` for anything it does not pack itself.
+    """Runs one ``dumps`` at a time; msgpack calls ``_default`` for what it does not pack itself.
 
     Each thread keeps one per ``allow_pickle`` value, so the hot path allocates
     no Packer; a nested ``dumps`` (from a registered encode hook) gets a fresh one.
     """
 
     def __init__(self, allow_pickle: bool) -> None:
-        self.allow_pickle = allow_pickle
-        self.busy = False
-        self.buffers: list[Any] = []  # raw buffers for the frame, in offset order
-        self.keep: list[Any] = []  # tensors whose memory the buffers point into
-        self.size = 0
+        self.allow_pickle, self.busy, self.size = allow_pickle, False, 0
+        self.buffers: list[Any] = []  # out-of-band buffers, in offset order
+        self.keep: list[Any] = []  # tensors whose memory ``buffers`` point into
         self.packer = Packer(default=self._default, use_bin_type=True, strict_types=True)
 
     def encode(self, obj: Any) -> bytes:
         self.busy = True
         try:
             body = self.packer.pack(self._prepare(obj))
+            if len(body) > _PACKER_KEEPS:
+                self.packer = Packer(default=self._default, use_bin_type=True, strict_types=True)
             if not self.buffers:
                 return body
             return b"".join([_FRAME_HEAD.pack(0xD7, _FRAME, len(body)), body, *self.buffers])
         finally:
             self.buffers.clear()
             self.keep.clear()
-            self.size = 0
-            self.busy = False
+            self.size, self.busy = 0, False
 
     def _prepare(self, obj: Any) -> Any:
-        t = type(obj)
-        if (t is list and _has_bytearray(obj)) or (t is dict and _has_bytearray(obj.values())):
-            return self._rewrite(obj)
-        return self._bytearray(obj) if t is bytearray else obj
+        return self._rewrite(obj) if _has_bytearray((obj,)) else obj
 
     def _rewrite(self, obj: Any) -> Any:
+        """``obj`` with bytearrays (outside tuples) replaced by their marker arrays."""
         t = type(obj)
         if t is list:
             return [self._rewrite(v) for v in obj]
         if t is dict:
             return {k: self._rewrite(v) for k, v in obj.items()}
-        return self._bytearray(obj) if t is bytearray else obj
+        if t is bytearray:
+            return [_BYTEARRAY_EXT, self._add_buffer(memoryview(obj), len(obj)), len(obj)]
+        return obj
 
     def _add_buffer(self, raw: Any, nbytes: int) -> int:
         offset = self.size
@@ -197,28 +170,23 @@ class _Encoder:
             self.size += nbytes
         return offset
 
-    def _bytearray(self, b: bytearray) -> list:
-        return [_BYTEARRAY_EXT, self._add_buffer(memoryview(b), len(b)), len(b)]
-
     def _default(self, obj: Any) -> Any:
         t = type(obj)
         if t is tuple:
-            if _has_bytearray(obj):
-                return [_TUPLE_EXT, *map(self._rewrite, obj)]
-            return [_TUPLE_EXT, *obj]
-        reg = _registered.get(t)
-        torch = sys.modules.get("torch")
-        if reg is None and torch is not None and t in (torch.Tensor, torch.nn.Parameter):
-            if obj.layout == torch.strided and not obj.is_quantized and obj.device.type != "meta":
-                return self._tensor(obj)
-        np = sys.modules.get("numpy")
-        if reg is None and np is not None and t is np.ndarray:
-            if not obj.dtype.hasobject and obj.dtype.fields is None:
-                return self._ndarray(np, obj)
-        if reg is None:
-            reg = next((r for c, r in _registered.items() if isinstance(obj, c)), None)
-        if reg is not None:
-            return [reg.mark.ext, self._prepare(reg.encode(obj))]
+            return [_TUPLE_EXT, *(map(self._rewrite, obj) if _has_bytearray(obj) else obj)]
+        mark, encode = _registered.get(t, (None, None))
+        if mark is None:
+            torch, np = sys.modules.get("torch"), sys.modules.get("numpy")
+            if torch is not None and t in (torch.Tensor, torch.nn.Parameter):
+                if obj.layout == torch.strided and not obj.is_quantized and not obj.is_meta:
+                    return self._tensor(obj)
+            if np is not None and t is np.ndarray:
+                if not obj.dtype.hasobject and obj.dtype.fields is None:
+                    return self._ndarray(np, obj)
+            base = next((c for c in list(_registered) if isinstance(obj, c)), None)
+            mark, encode = _registered[base] if base is not None else (None, None)
+        if mark is not None:
+            return [mark.ext, self._prepare(encode(obj))]
         if t is int:  # beyond 64 bits
             return ExtType(_BIGINT, obj.to_bytes((obj.bit_length() + 8) // 8, "big", signed=True))
         return self._pickle(obj)
@@ -245,15 +213,17 @@ class _Encoder:
     def _pickle(self, obj: Any) -> ExtType:
         if not self.allow_pickle:
             raise PicklingForbiddenError(
-                f"cannot send a {_type_name(obj)}: it needs pickle and pickling is off "
-                f"(MONARCH_PICKLE=0 or allow_pickle=False). Set MONARCH_PICKLE=1 to allow it, "
-                f"or send only {_NO_PICKLE_TYPES}."
+                f"cannot send a {_type_name(obj)}: it needs pickle, which is off (MONARCH_PICKLE=0"
+                " or allow_pickle=False). Set MONARCH_PICKLE=1, or send only None, bool, int,"
+                " float, str, bytes, bytearray, list, tuple, dict, torch tensors, numpy arrays"
+                " and types registered with monarch.broker.codec.register_ext."
             )
         try:
             return ExtType(_PICKLE, cloudpickle.dumps(obj, protocol=5))
         except Exception as e:
+            reason = f"{type(e).__name__}: {e}"
             raise EncodeError(
-                f"cannot send a {_type_name(obj)}: cloudpickle failed: {type(e).__name__}: {e}"
+                f"cannot send a {_type_name(obj)}: cloudpickle failed: {reason}"
             ) from e
 
 
@@ -268,17 +238,15 @@ _encoders = _Encoders()
 def dumps(obj: Any, *, allow_pickle: bool | None = None) -> bytes:
     """Encode ``obj`` as a message body; :func:`loads` gives back an equal value of the same type.
 
-    Tensors come back detached and on CPU; numpy arrays and tensors are copied
+    Tensors come back detached and on CPU; tensors and numpy arrays travel
     bit-exactly without pickle. ``allow_pickle=None`` means ``MONARCH_PICKLE``.
-    Raises PicklingForbiddenError if the value needs pickle and it is off, and
+    Raises PicklingForbiddenError if the value needs pickle and pickle is off,
     EncodeError if it cannot be encoded at all. Thread-safe.
     """
     allow = settings().pickle if allow_pickle is None else bool(allow_pickle)
     enc = _encoders.by_allow[allow]
-    if enc.busy:
-        enc = _Encoder(allow)
     try:
-        return enc.encode(obj)
+        return (_Encoder(allow) if enc.busy else enc).encode(obj)
     except CodecError:
         raise
     except Exception as e:
@@ -286,11 +254,11 @@ def dumps(obj: Any, *, allow_pickle: bool | None = None) -> bytes:
 
 
 class _Decoder:
-    """Hooks for one body: ``region`` is its out-of-band buffer area (None if it has none)."""
+    """msgpack hooks for one body; ``region`` is its out-of-band buffer area."""
 
     __slots__ = ("allow_pickle", "region")
 
-    def __init__(self, allow_pickle: bool, region: memoryview | None) -> None:
+    def __init__(self, allow_pickle: bool, region: memoryview) -> None:
         self.allow_pickle, self.region = allow_pickle, region
 
     def ext_hook(self, code: int, data: bytes) -> Any:
@@ -300,8 +268,8 @@ class _Decoder:
         if code == _PICKLE:
             if not self.allow_pickle:
                 raise DecodeError(
-                    "the body holds a pickled value and this receiver forbids pickle "
-                    "(MONARCH_PICKLE=0 or allow_pickle=False)"
+                    "the body holds a pickled value and this receiver forbids pickle"
+                    " (MONARCH_PICKLE=0 or allow_pickle=False)"
                 )
             return cloudpickle.loads(data)
         if code == _BIGINT:
@@ -313,21 +281,28 @@ class _Decoder:
             return items[0].build(self, items)
         return items
 
-    def raw(self, offset: Any, nbytes: Any) -> bytearray:
-        """A writable copy of ``nbytes`` at ``offset`` in the buffer area."""
-        region = self.region
-        if region is None or type(offset) is not int or type(nbytes) is not int:
-            raise DecodeError("malformed buffer reference")
-        if offset < 0 or nbytes < 0 or offset + nbytes > len(region):
-            raise DecodeError(f"buffer reference {offset}+{nbytes} outside the {len(region)}-byte buffer area")
-        return bytearray(region[offset : offset + nbytes])
+    def raw(self, offset: Any, nbytes: Any, shape: Any = None, itemsize: int = 1) -> bytearray:
+        """A writable copy of ``nbytes`` at ``offset``, checked against ``shape`` of ``itemsize``."""
+        if type(offset) is not int or type(nbytes) is not int or offset < 0 or nbytes < 0:
+            raise DecodeError(f"bad buffer reference {offset!r}+{nbytes!r}")
+        if shape is not None:
+            if type(shape) is not list or not all(type(n) is int and n >= 0 for n in shape):
+                raise DecodeError(f"bad tensor payload: shape {shape!r}")
+            if math.prod(shape) * itemsize != nbytes:
+                raise DecodeError(
+                    f"bad tensor payload: shape {shape} does not match {nbytes} bytes"
+                )
+        if offset + nbytes > len(self.region):
+            raise DecodeError(f"bad buffer reference: {offset}+{nbytes} > {len(self.region)} bytes")
+        return bytearray(self.region[offset : offset + nbytes])
 
     def build_tuple(self, items: list) -> tuple:
         del items[0]
         return tuple(items)
 
     def build_bytearray(self, items: list) -> bytearray:
-        return self.raw(*items[1:])
+        _, offset, nbytes = items
+        return self.raw(offset, nbytes)
 
     def build_tensor(self, items: list) -> Any:
         import torch
@@ -336,10 +311,10 @@ class _Decoder:
         dtype = getattr(torch, name, None) if type(name) is str else None
         if not isinstance(dtype, torch.dtype):
             raise DecodeError(f"bad tensor payload: unknown dtype {name!r}")
-        _check_size(shape, dtype.itemsize, nbytes)
-        if not nbytes:
+        data = self.raw(offset, nbytes, shape, dtype.itemsize)
+        if not nbytes:  # torch.frombuffer refuses empty buffers
             return torch.empty(shape, dtype=dtype)
-        return torch.frombuffer(self.raw(offset, nbytes), dtype=dtype).reshape(shape)
+        return torch.frombuffer(data, dtype=dtype).reshape(shape)
 
     def build_ndarray(self, items: list) -> Any:
         import numpy as np
@@ -348,15 +323,7 @@ class _Decoder:
         dtype = np.dtype(name)
         if dtype.hasobject:
             raise DecodeError("bad array payload: object dtype")
-        _check_size(shape, dtype.itemsize, nbytes)
-        return np.frombuffer(self.raw(offset, nbytes), dtype=dtype).reshape(shape)
-
-
-def _check_size(shape: Any, itemsize: int, nbytes: Any) -> None:
-    if type(shape) is not list or not all(type(n) is int and n >= 0 for n in shape):
-        raise DecodeError(f"bad tensor payload: shape {shape!r}")
-    if math.prod(shape) * itemsize != nbytes:
-        raise DecodeError(f"bad tensor payload: shape {shape} does not match {nbytes} bytes")
+        return np.frombuffer(self.raw(offset, nbytes, shape, dtype.itemsize), dtype).reshape(shape)
 
 
 _TYPE_MARKS = {
@@ -367,15 +334,15 @@ _TYPE_MARKS = {
 }
 _marks.update(_TYPE_MARKS)
 _TUPLE_EXT, _NDARRAY_EXT, _TENSOR_EXT, _BYTEARRAY_EXT = (m.ext for m in _TYPE_MARKS.values())
-_plain_decoders = {allow: _Decoder(allow, None) for allow in (True, False)}
+_plain_decoders = {allow: _Decoder(allow, memoryview(b"")) for allow in (True, False)}
 
 
 def loads(data: bytes | bytearray | memoryview, *, allow_pickle: bool | None = None) -> Any:
     """Decode a body made by :func:`dumps`. Tensors and arrays come back writable, on CPU.
 
-    ``allow_pickle=None`` means ``MONARCH_PICKLE``. Raises DecodeError for
-    malformed bytes, unknown ext codes, and pickled values when pickle is off.
-    Never keeps a reference to ``data``. Thread-safe.
+    The result shares no memory with ``data``. ``allow_pickle=None`` means
+    ``MONARCH_PICKLE``. Raises DecodeError for malformed bytes, unknown ext
+    codes, and pickled values when pickle is off. Thread-safe.
     """
     allow = settings().pickle if allow_pickle is None else bool(allow_pickle)
     try:
@@ -383,7 +350,7 @@ def loads(data: bytes | bytearray | memoryview, *, allow_pickle: bool | None = N
             view = memoryview(data)
             end = _FRAME_HEAD.size + _FRAME_HEAD.unpack_from(view)[2]
             if end > len(view):
-                raise DecodeError(f"truncated body: frame says {end} bytes, got {len(view)}")
+                raise DecodeError(f"truncated body: its frame says {end} bytes, got {len(view)}")
             dec, data = _Decoder(allow, view[end:]), view[_FRAME_HEAD.size : end]
         else:
             dec = _plain_decoders[allow]

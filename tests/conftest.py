@@ -1,0 +1,92 @@
+"""Shared fixtures: a real nats-server with JetStream, and a check that tests leave no processes.
+
+The broker is session-scoped: starting one is cheap, but sharing it keeps the
+suite quick, and every test uses its own meshes (unique names and ids), so
+tests cannot see each other's traffic. ``MONARCH_NATS_URL`` points the
+in-process client runtime (and every proc it starts) at it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from monarch.broker.server import EmbeddedBroker
+
+
+def descendants(pid: int | None = None) -> set[int]:
+    """Pids of all live descendants of ``pid`` (default: this process), zombies excluded."""
+    root = os.getpid() if pid is None else pid
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        rest = stat.rsplit(")", 1)[1].split()
+        state, ppid = rest[0], int(rest[1])
+        if state == "Z":
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+@pytest.fixture(scope="session")
+def nats_url():
+    broker = EmbeddedBroker().start()
+    os.environ["MONARCH_NATS_URL"] = broker.url
+    from monarch.broker.config import settings
+
+    settings.cache_clear()
+    yield broker.url
+    from monarch.actors.runtime import shutdown_runtime
+
+    shutdown_runtime()
+    broker.stop()
+    os.environ.pop("MONARCH_NATS_URL", None)
+    settings.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes(request):
+    """Fail a test that leaves behind a process it started (and kill the leftovers)."""
+    before = descendants()
+    yield
+    leaked = set()
+    if not wait_until(lambda: not (descendants() - before), timeout=10):
+        leaked = descendants() - before
+        for pid in leaked:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert not leaked, f"test left processes running: {sorted(leaked)}"

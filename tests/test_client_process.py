@@ -1,0 +1,208 @@
+"""Whole client scripts in their own processes: embedded broker, Ctrl-C, pickling switch, CLI."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import descendants, pid_alive, wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def client_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MONARCH_")}
+    env["TMPDIR"] = str(tmp_path)  # the embedded broker's store dir goes here
+    env["PYTHONPATH"] = str(ROOT)
+    env.update(extra)
+    return env
+
+
+def run_script(tmp_path: Path, code: str, timeout: float = 120, **env: str):
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(code))
+    store = tmp_path / "tmp"
+    store.mkdir(exist_ok=True)
+    return subprocess.run(
+        [sys.executable, str(script)],
+        env=client_env(store, **env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=tmp_path,
+    ), store
+
+
+def test_hello_mesh_example_runs_on_embedded_broker_and_cleans_up(tmp_path):
+    store = tmp_path / "tmp"
+    store.mkdir()
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "hello_mesh.py")],
+        env=client_env(store),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith("ValueMesh({'gpus': 4}")
+    assert lines[0].count("0.30000000000000004") == 4
+    assert lines[1] == "0.1"
+    assert list(store.iterdir()) == []  # broker store dir removed
+
+
+def test_ctrl_c_stops_procs_and_embedded_broker(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import time
+            from monarch.actor import Actor, endpoint, this_host
+
+            class Sleeper(Actor):
+                @endpoint
+                def ping(self) -> int:
+                    return 1
+
+            procs = this_host().spawn_procs(per_host={"gpus": 2})
+            m = procs.spawn("s", Sleeper)
+            m.ping.call().get()
+            print("ready", flush=True)
+            time.sleep(120)
+            """
+        )
+    )
+    store = tmp_path / "tmp"
+    store.mkdir()
+    p = subprocess.Popen(
+        [sys.executable, str(script)],
+        env=client_env(store),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        children = descendants(p.pid)
+        assert len(children) >= 3  # nats-server and two procs
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=30)
+        assert wait_until(lambda: not any(pid_alive(c) for c in children), timeout=15)
+        assert list(store.iterdir()) == []
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_client_sigkill_takes_procs_and_broker_down(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import time
+            from monarch.actor import Actor, endpoint, this_host
+
+            class A(Actor):
+                @endpoint
+                def ping(self) -> int:
+                    return 1
+
+            procs = this_host().spawn_procs(per_host={"gpus": 2})
+            procs.spawn("a", A).ping.call().get()
+            print("ready", flush=True)
+            time.sleep(120)
+            """
+        )
+    )
+    store = tmp_path / "tmp"
+    store.mkdir()
+    p = subprocess.Popen(
+        [sys.executable, str(script)], env=client_env(store), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        children = descendants(p.pid)
+        p.kill()
+        p.wait(timeout=10)
+        assert wait_until(lambda: not any(pid_alive(c) for c in children), timeout=15)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_pickle_forbidden_is_a_clear_error_at_the_sender(tmp_path):
+    result, _ = run_script(
+        tmp_path,
+        """
+        from monarch.actor import Actor, endpoint, this_host
+        from monarch.broker.codec import PicklingForbiddenError
+
+        class Local(Actor):
+            @endpoint
+            def ping(self, x):
+                return x
+
+        procs = this_host().spawn_procs(per_host={"gpus": 1})
+        try:
+            procs.spawn("local", Local)
+        except PicklingForbiddenError as e:
+            print("spawn refused:", e)
+
+        from tests.actors.actors_for_tests import Echo
+        echo = procs.spawn("echo", Echo)
+        print("plain values:", echo.ping.call_one({"a": (1, 2.5, b"x")}).get())
+        try:
+            echo.ping.call_one({1, 2})
+        except PicklingForbiddenError as e:
+            print("set refused:", type(e).__name__)
+        procs.stop().get()
+        """,
+        MONARCH_PICKLE="0",
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "spawn refused:" in out and "Local" in out and "MONARCH_PICKLE" in out
+    assert "plain values: {'a': (1, 2.5, b'x')}" in out
+    assert "set refused: PicklingForbiddenError" in out
+
+
+def test_monarch_demo_console_script(tmp_path):
+    store = tmp_path / "tmp"
+    store.mkdir()
+    exe = Path(sys.executable).parent / "monarch"
+    cmd = [str(exe), "demo", "--gpus", "2"] if exe.exists() else [sys.executable, "-m", "monarch.cli.main", "demo", "--gpus", "2"]
+    result = subprocess.run(cmd, env=client_env(store), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "hello from rank 1" in result.stdout
+    assert "every proc stopped" in result.stdout
+
+
+@pytest.mark.parametrize("blocked", ["torch", "numpy"])
+def test_actor_runtime_runs_without_torch_or_numpy(tmp_path, blocked):
+    result, _ = run_script(
+        tmp_path,
+        f"""
+        import sys
+        sys.modules["{blocked}"] = None  # any import of it now fails
+        from monarch.actor import Actor, endpoint, this_host
+
+        class A(Actor):
+            @endpoint
+            def ping(self, x):
+                return x
+
+        procs = this_host().spawn_procs(per_host={{"gpus": 2}})
+        print(list(procs.spawn("a", A).ping.call([1, "x"]).get().values()))
+        procs.stop().get()
+        """,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[[1, 'x'], [1, 'x']]"
