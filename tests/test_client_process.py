@@ -178,7 +178,11 @@ def test_monarch_demo_console_script(tmp_path):
     store = tmp_path / "tmp"
     store.mkdir()
     exe = Path(sys.executable).parent / "monarch"
-    cmd = [str(exe), "demo", "--gpus", "2"] if exe.exists() else [sys.executable, "-m", "monarch.cli.main", "demo", "--gpus", "2"]
+    cmd = (
+        [str(exe), "demo", "--gpus", "2"]
+        if exe.exists()
+        else [sys.executable, "-m", "monarch.cli.main", "demo", "--gpus", "2"]
+    )
     result = subprocess.run(cmd, env=client_env(store), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "hello from rank 1" in result.stdout

@@ -5,7 +5,14 @@ This module only re-exports; the work lives in :mod:`monarch.actors`.
 
 from monarch.actors.actor import Actor
 from monarch.actors.actor_mesh import ActorMesh, MessageTooLargeError
-from monarch.actors.context import Context, Instance, context, current_actor_name, current_rank, current_size
+from monarch.actors.context import (
+    Context,
+    Instance,
+    context,
+    current_actor_name,
+    current_rank,
+    current_size,
+)
 from monarch.actors.endpoint import ActorEndpoint as Endpoint
 from monarch.actors.endpoint import endpoint
 from monarch.actors.errors import (

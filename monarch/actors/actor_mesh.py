@@ -15,6 +15,7 @@ import random
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from monarch.actors import messages as m
+from monarch.actors.actor import class_ref, resolve_class
 from monarch.actors.context import sender_id
 from monarch.actors.endpoint import ActorEndpoint, EndpointProperty, endpoints_of
 from monarch.actors.errors import (
@@ -22,7 +23,6 @@ from monarch.actors.errors import (
     NoActorError,
     NotAnEndpointError,
     SpawnError,
-    SupervisionError,
 )
 from monarch.actors.future import Future
 from monarch.actors.mesh_ops import MeshShapeOps
@@ -30,7 +30,6 @@ from monarch.actors.runtime import Runtime, runtime
 from monarch.actors.shape import Extent, View
 from monarch.actors.value_mesh import ValueMesh
 from monarch.broker import subjects
-from monarch.actors.actor import class_ref, resolve_class
 from monarch.broker.codec import dumps, register_ext
 
 if TYPE_CHECKING:
@@ -100,7 +99,9 @@ class MeshState:
 
     # -- sending (loop) -------------------------------------------------------
 
-    def send(self, tokens: list[list[str]], body: bytes, headers: dict, gather: Gather | None) -> None:
+    def send(
+        self, tokens: list[list[str]], body: bytes, headers: dict, gather: Gather | None
+    ) -> None:
         if gather is not None:
             gather.open()
             for r in gather.expected:
@@ -109,7 +110,9 @@ class MeshState:
                     return
         if self.stopped is not None:
             if gather is not None:
-                gather.fail(MeshStoppedError(f"actor mesh {self.name!r} was stopped ({self.stopped})"))
+                gather.fail(
+                    MeshStoppedError(f"actor mesh {self.name!r} was stopped ({self.stopped})")
+                )
             return
         if self.error is not None:
             if gather is not None:
@@ -120,12 +123,16 @@ class MeshState:
             return
         self._publish(tokens, body, headers, gather)
 
-    def _publish(self, tokens: list[list[str]], body: bytes, headers: dict, gather: Gather | None) -> None:
+    def _publish(
+        self, tokens: list[list[str]], body: bytes, headers: dict, gather: Gather | None
+    ) -> None:
         ns, rt = self.rt.namespace, self.rt
         reply = gather.subject if gather is not None else ""
         on_error = gather.fail if gather is not None else None
         for toks in tokens:
-            rt.publish(subjects.actor(ns, self.name, self.uid, toks), body, headers, reply, on_error)
+            rt.publish(
+                subjects.actor(ns, self.name, self.uid, toks), body, headers, reply, on_error
+            )
 
 
 class Gather:
@@ -257,7 +264,11 @@ class ActorMesh(MeshShapeOps, Generic[A]):
         if st.stopped is not None:
             raise MeshStoppedError(f"actor mesh {self._name!r} was stopped ({st.stopped})")
         full = len(self._view) == st.base.nelements and self._view.extent == st.base
-        view_spec = None if full else [self._view.extent.labels, self._view.extent.sizes, list(self._view.ranks)]
+        view_spec = (
+            None
+            if full
+            else [self._view.extent.labels, self._view.extent.sizes, list(self._view.ranks)]
+        )
         body = dumps((args, kwargs, view_spec))
         if len(body) > st.rt.max_payload:
             raise MessageTooLargeError(
@@ -292,8 +303,6 @@ def spawn_error(name: str, rank: int, err: BaseException) -> SpawnError:
     return e
 
 
-
-
 # -- references travel as their own msgpack extension type ------------------------
 
 _MESH_EXT = 16
@@ -303,9 +312,15 @@ def _encode_mesh(mesh: ActorMesh) -> list:
     st, view = mesh._state, mesh._view
     cls_ref = class_ref(st.cls) if st.cls is not None else None
     return [
-        st.name, st.uid, cls_ref, st.class_name,
-        st.base.labels, st.base.sizes,
-        view.extent.labels, view.extent.sizes, list(view.ranks),
+        st.name,
+        st.uid,
+        cls_ref,
+        st.class_name,
+        st.base.labels,
+        st.base.sizes,
+        view.extent.labels,
+        view.extent.sizes,
+        list(view.ranks),
     ]
 
 

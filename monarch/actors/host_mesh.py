@@ -43,7 +43,9 @@ class HostMesh(MeshShapeOps):
                 raise TypeError(f"per_host[{label!r}] must be an int, got {size!r}")
         subjects.check_token(name, "proc mesh name")
         host_extent = self._view.extent
-        extent = Extent(host_extent.labels + list(per_host), host_extent.sizes + list(per_host.values()))
+        extent = Extent(
+            host_extent.labels + list(per_host), host_extent.sizes + list(per_host.values())
+        )
         rt = runtime()
         state = ProcMeshState(rt, name, extent, LocalLauncher(rt.loop))
         rt.on_close(state.shutdown)

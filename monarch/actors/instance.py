@@ -135,7 +135,9 @@ class ActorInstance:
         if prop.is_async:
             ok, body = await self._invoke_async(prop, msg)
         else:
-            ok, body = await self.rt.loop.run_in_executor(self._thread, self._invoke_sync, prop, msg)
+            ok, body = await self.rt.loop.run_in_executor(
+                self._thread, self._invoke_sync, prop, msg
+            )
         self._respond(msg, ok, body)
 
     def _context_for(self, view_spec: Any) -> Context:
@@ -172,7 +174,9 @@ class ActorInstance:
             if not ok:
                 # No caller to tell: supervision reports it (see monarch.supervision).
                 err = m.decode_error(body, actor_id=self.actor_id, rank=self.rank, endpoint="")
-                log.error("unhandled error in %s (no caller to receive it):\n%s", self.actor_id, err)
+                log.error(
+                    "unhandled error in %s (no caller to receive it):\n%s", self.actor_id, err
+                )
             return
         headers = {
             m.KIND: "reply" if ok else "error",
@@ -187,5 +191,7 @@ class ActorInstance:
 
             err = MeshStoppedError(f"actor {self.actor_id} is stopping")
             self.rt.publish(
-                msg.reply, m.encode_error(err), {m.KIND: "error", m.RANK: str(self.rank), m.FROM: self.actor_id}
+                msg.reply,
+                m.encode_error(err),
+                {m.KIND: "error", m.RANK: str(self.rank), m.FROM: self.actor_id},
             )

@@ -81,7 +81,15 @@ class LocalLauncher:
         def start_all() -> None:
             me = os.getpid()
             for h in handles:
-                cmd = [sys.executable, "-m", "monarch.actors.proc", "--uid", h.uid, "--ready", ready_subject]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "monarch.actors.proc",
+                    "--uid",
+                    h.uid,
+                    "--ready",
+                    ready_subject,
+                ]
                 h.popen = subprocess.Popen(
                     cmd,
                     env=proc_env(extent, h.rank),

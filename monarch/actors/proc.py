@@ -14,7 +14,6 @@ import asyncio
 import logging
 import os
 import sys
-from typing import Any
 
 from nats.aio.msg import Msg
 
@@ -108,7 +107,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     url = settings().nats_url
     if not url:
-        sys.exit("monarch proc: MONARCH_NATS_URL is not set; procs are started by a client or host agent")
+        sys.exit(
+            "monarch proc: MONARCH_NATS_URL is not set; procs are started by a client or host agent"
+        )
     logging.basicConfig(
         level=os.environ.get("MONARCH_LOG_LEVEL", "WARNING"),
         format=f"[{args.uid}] %(levelname)s %(name)s: %(message)s",

@@ -110,11 +110,16 @@ class ProcMeshState:
                 (subjects.ctl_proc(ns, self.procs[pr].uid), body, {m.KIND: "spawn"})
                 for pr in proc_ranks
             ]
-            replies = await request_all(self.rt, requests, self.rt.settings.spawn_timeout, self.dead)
+            replies = await request_all(
+                self.rt, requests, self.rt.settings.spawn_timeout, self.dead
+            )
             for rank, reply in enumerate(replies):
                 if (reply.headers or {}).get(m.KIND) == "error":
                     err = m.decode_error(
-                        reply.data, actor_id=mesh_state.actor_id(rank), rank=rank, endpoint="__init__"
+                        reply.data,
+                        actor_id=mesh_state.actor_id(rank),
+                        rank=rank,
+                        endpoint="__init__",
                     )
                     raise spawn_error(mesh_state.name, rank, err)
         except BaseException as e:
@@ -135,7 +140,9 @@ class ProcMeshState:
             mesh_state.mark_stopped("its proc mesh was stopped")
         live = [p for p in procs if p.returncode is None]
         if self.ready.done() and not self.ready.exception():
-            requests = [(subjects.ctl_proc(self.rt.namespace, p.uid), b"", {m.KIND: "stop"}) for p in live]
+            requests = [
+                (subjects.ctl_proc(self.rt.namespace, p.uid), b"", {m.KIND: "stop"}) for p in live
+            ]
             try:
                 await request_all(self.rt, requests, self.rt.settings.stop_timeout)
             except Exception as e:
@@ -235,6 +242,7 @@ class ProcMesh(MeshShapeOps):
             return st.stopped
         fut: Future[None] = Future()
         st.stopped = fut
+
         async def run() -> None:
             try:
                 await st.stop()

@@ -46,7 +46,9 @@ async def request_all(
         if n == 0:
             return []
         waiters = [done] if abort is None else [done, abort]
-        finished, _ = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finished, _ = await asyncio.wait(
+            waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
         if done in finished:
             return replies  # type: ignore[return-value]
         if abort is not None and abort in finished:

@@ -174,9 +174,7 @@ class View:
         per_dim: list[range | int] = [range(s) for s in sizes]
         for label, sel in selectors.items():
             if label not in labels:
-                raise KeyError(
-                    f"no dimension {label!r} in mesh with dimensions {labels}"
-                )
+                raise KeyError(f"no dimension {label!r} in mesh with dimensions {labels}")
             i = labels.index(label)
             if isinstance(sel, bool) or not isinstance(sel, (int, slice)):
                 raise TypeError(f"slice {label}= takes an int or a slice, not {sel!r}")
@@ -228,7 +226,9 @@ class View:
             sizes.extend(parts.values())
         for label in splits:
             if label not in self.extent:
-                raise KeyError(f"no dimension {label!r} in mesh with dimensions {self.extent.labels}")
+                raise KeyError(
+                    f"no dimension {label!r} in mesh with dimensions {self.extent.labels}"
+                )
         return View(Extent(labels, sizes), self.base, self.ranks)
 
     # -- addressing -------------------------------------------------------

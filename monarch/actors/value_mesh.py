@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from monarch.actors.mesh_ops import MeshShapeOps
 from monarch.actors.shape import Point, View

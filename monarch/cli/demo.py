@@ -28,7 +28,10 @@ def run(gpus: int = 4) -> int:
         print("hello from", line)
     print("train(step=3) on every trainer:", trainers.train.call(step=3).get(timeout=60))
     one = gpus // 2
-    print(f"train(step=1) on gpus={one} only:  ", trainers.slice(gpus=one).train.call_one(step=1).get(timeout=60))
+    print(
+        f"train(step=1) on gpus={one} only:  ",
+        trainers.slice(gpus=one).train.call_one(step=1).get(timeout=60),
+    )
     t1 = time.perf_counter()
     n = 1000
     futures = [trainers.slice(gpus=0).train.call_one(step=i) for i in range(n)]
