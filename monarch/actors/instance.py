@@ -178,6 +178,16 @@ class ActorInstance:
                     "unhandled error in %s (no caller to receive it):\n%s", self.actor_id, err
                 )
             return
+        if len(body) > self.rt.max_payload:
+            ok, body = (
+                False,
+                m.encode_error(
+                    ValueError(
+                        f"the reply of {self.actor_id} is {len(body)} bytes, over the broker's "
+                        f"max_payload of {self.rt.max_payload}"
+                    )
+                ),
+            )
         headers = {
             m.KIND: "reply" if ok else "error",
             m.RANK: str(self.rank),

@@ -85,3 +85,13 @@ class BadInit(Actor):
     @endpoint
     def ping(self, x):
         return x
+
+
+class Big(Actor):
+    @endpoint
+    def blob(self, n: int) -> bytes:
+        return b"x" * n
+
+    @endpoint
+    def length(self, data: bytes) -> int:
+        return len(data)

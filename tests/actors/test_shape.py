@@ -1,0 +1,101 @@
+"""Shape operations on views, value meshes and actor meshes."""
+
+from __future__ import annotations
+
+import pytest
+
+from monarch.actor import ActorError, Extent, MessageTooLargeError, ValueMesh, this_host
+from monarch.actors.shape import View
+from tests.actors.actors_for_tests import Big, Echo
+
+GRID = Extent(["hosts", "gpus"], [2, 4])
+
+
+def test_int_slice_drops_dimension_and_slice_keeps_it():
+    v = View.full(GRID)
+    assert v.slice(gpus=1).extent == Extent(["hosts"], [2])
+    assert v.slice(gpus=1).ranks == (1, 5)
+    assert v.slice(gpus=slice(1, 3)).extent == Extent(["hosts", "gpus"], [2, 2])
+    assert v.slice(hosts=1, gpus=-1).ranks == (7,)
+
+
+def test_slice_errors_are_precise():
+    v = View.full(GRID)
+    with pytest.raises(KeyError, match="no dimension 'cpus'"):
+        v.slice(cpus=0)
+    with pytest.raises(IndexError, match="size 4"):
+        v.slice(gpus=4)
+    with pytest.raises(ValueError, match="selects nothing"):
+        v.slice(gpus=slice(3, 1))
+
+
+def test_subject_tokens_publish_once_for_product_slices():
+    v = View.full(GRID)
+    assert v.subject_tokens() == [["_", "_"]]
+    assert v.slice(hosts=1).subject_tokens() == [["1", "_"]]
+    assert v.slice(gpus=slice(0, 2)).subject_tokens() == [["_", "0"], ["_", "1"]]
+    # a flattened range that is not a product falls back to one subject per member
+    assert v.flatten("x").slice(x=slice(3, 6)).subject_tokens() == [
+        ["0", "3"],
+        ["1", "0"],
+        ["1", "1"],
+    ]
+
+
+def test_flatten_rename_split():
+    v = View.full(GRID)
+    assert v.flatten("all").extent == Extent(["all"], [8])
+    assert v.rename(gpus="g").extent == Extent(["hosts", "g"], [2, 4])
+    s = v.split(gpus={"pair": 2, "lane": -1})
+    assert s.extent == Extent(["hosts", "pair", "lane"], [2, 2, 2])
+    assert s.ranks == v.ranks
+    with pytest.raises(ValueError):
+        v.split(gpus={"a": 3, "b": 2})
+
+
+def test_value_mesh_shape_operations():
+    vm = ValueMesh(View.full(GRID), list(range(8)))
+    assert vm.item(hosts=1, gpus=2) == 6
+    assert list(vm.slice(gpus=3).values()) == [3, 7]
+    assert vm.slice(hosts=0).item(gpus=1) == 1
+    assert vm.size() == 8 and vm.size("gpus") == 4 and vm.sizes == {"hosts": 2, "gpus": 4}
+    assert list(vm.flatten("x").values()) == list(range(8))
+    with pytest.raises(KeyError):
+        vm.item(gpus=1)
+
+
+@pytest.fixture
+def grid(nats_url):
+    pm = this_host().spawn_procs(per_host={"hosts": 2, "gpus": 2})
+    yield pm
+    pm.stop().get(timeout=30)
+
+
+def test_actor_mesh_shape_operations_route_to_the_right_actors(grid):
+    mesh = grid.spawn("shape", Echo)
+    assert mesh.extent == Extent(["hosts", "gpus"], [2, 2])
+    assert grid.size() == 4 and grid.sizes == {"hosts": 2, "gpus": 2}
+    flat = mesh.flatten("x")
+    assert [v["rank"] for v in flat.whoami.call().get(timeout=30).values()] == [0, 1, 2, 3]
+    part = flat.slice(x=slice(1, 4))
+    assert [v["rank"] for v in part.whoami.call().get(timeout=30).values()] == [1, 2, 3]
+    renamed = mesh.rename(gpus="g").slice(g=1)
+    assert [v["rank"] for v in renamed.whoami.call().get(timeout=30).values()] == [1, 3]
+    # spawning on a slice of the proc mesh gives a mesh shaped like the slice
+    sub = grid.slice(hosts=1).spawn("sub", Echo)
+    vm = sub.whoami.call().get(timeout=30)
+    assert sub.extent == Extent(["gpus"], [2])
+    assert [v["size"] for v in vm.values()] == [{"gpus": 2}] * 2
+
+
+def test_oversized_messages_fail_clearly(nats_url):
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        big = pm.spawn("big", Big)
+        with pytest.raises(MessageTooLargeError, match="max_payload"):
+            big.length.call_one(b"x" * (2 * 1024 * 1024))
+        with pytest.raises(ActorError, match="max_payload"):
+            big.blob.call_one(2 * 1024 * 1024).get(timeout=30)
+        assert big.length.call_one(b"x" * 1000).get(timeout=30) == 1000
+    finally:
+        pm.stop().get(timeout=30)
