@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -33,13 +34,17 @@ N_PROCS = 4
 PAYLOAD = b"x" * 16
 
 # An echo responder: replies with the request body to every message that has a
-# reply subject. It exits when its stdin closes, so it never outlives us.
+# reply subject. It exits when its stdin closes, so it never outlives us; it runs
+# in its own session so a terminal's ^C reaches only us, and we stop it in order.
 RESPONDER = r"""
 import asyncio, sys
 import nats, uvloop
 
+async def quiet(e):
+    pass
+
 async def main(url, subjects):
-    nc = await nats.connect(url)
+    nc = await nats.connect(url, error_cb=quiet)
     async def echo(msg):
         if msg.reply:
             await nc.publish(msg.reply, msg.data)
@@ -176,17 +181,15 @@ class RawClient:
             self.loop.close()
 
 
-def start_responders(url: str, prefix: str) -> list[subprocess.Popen]:
-    procs = []
+def start_responders(url: str, prefix: str, cleanup: contextlib.ExitStack) -> list:
+    """N_PROCS echo processes on ``prefix.all``; the first also on ``prefix.one``."""
+    procs: list[subprocess.Popen] = []
+    cleanup.callback(stop_responders, procs)
     for i in range(N_PROCS):
         subjects = [f"{prefix}.all"] + ([f"{prefix}.one"] if i == 0 else [])
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-c", RESPONDER, url, *subjects],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-            )
-        )
+        cmd = [sys.executable, "-c", RESPONDER, url, *subjects]
+        pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        procs.append(subprocess.Popen(cmd, **pipes, start_new_session=True))
     for p in procs:  # bounded: a responder that cannot connect exits with an error
         if p.stdout.readline().strip() != b"ready":
             raise RuntimeError(f"raw nats-py responder failed to start (exit {p.wait(TIMEOUT)})")
@@ -207,56 +210,49 @@ def stop_responders(procs: list[subprocess.Popen]) -> None:
 
 # -- report --------------------------------------------------------------------
 
-# (key, scenario, figure, unit, higher_is_better)
+# (key, monarch scenario, raw nats-py equivalent, figure, unit, higher_is_better)
 ROWS = [
-    ("call_p50", "call_one round trip", "p50", "us", False),
-    ("call_p99", "call_one round trip", "p99", "us", False),
-    ("pipelined", "pipelined call_one", "throughput", "calls/s", True),
-    ("gather", f"call() gather x{N_PROCS}", "throughput", "rounds/s", True),
-    ("fire", "broadcast fire-and-forget", "throughput", "msgs/s", True),
+    ("call_p50", "call_one round trip", "raw request/reply", "p50", "us", False),
+    ("call_p99", "call_one round trip", "raw request/reply", "p99", "us", False),
+    ("pipelined", "pipelined call_one", "raw pipelined request", "rate", "calls/s", True),
+    (
+        "gather",
+        f"call() gather x{N_PROCS}",
+        f"raw pub, {N_PROCS} replies",
+        "rate",
+        "rounds/s",
+        True,
+    ),
+    ("fire", "broadcast fire-and-forget", "raw pub x N + request", "rate", "msgs/s", True),
 ]
-RAW_NAMES = {
-    "call_p50": "raw request/reply",
-    "call_p99": "raw request/reply",
-    "pipelined": "raw pipelined request",
-    "gather": f"raw publish, {N_PROCS} replies",
-    "fire": "raw publish + request",
-}
+FOOTNOTE = """
+x raw: ours/raw for latencies; raw_rate/our_rate for rates, i.e. how many times longer
+monarch takes per call, round or message than raw nats-py sending the same traffic
+(1.00 = as fast as raw; higher is worse). Raw equivalents: request/reply = nc.request()
+to a responder process; pipelined = N publishes with a reply inbox, then wait for N
+replies; gather = one publish to a subject 4 responders share, wait for 4 replies;
+fire = N publishes without reply, then one request (nats-py keeps per-subscription order)."""
 
 
 def report(ours: list[dict], raw: list[dict], cfg: dict, as_json: bool) -> None:
     lines = []
-    for key, scenario, figure, unit, higher in ROWS:
+    for key, scenario, raw_scenario, figure, unit, higher in ROWS:
         o = statistics.median(r[key] for r in ours)
         b = statistics.median(r[key] for r in raw)
         ratio = b / o if higher else o / b  # always "times the raw cost"; 1.0 = as fast as raw
         lines.append(("monarch", scenario, figure, o, unit, ratio, [r[key] for r in ours]))
-        lines.append(("raw", RAW_NAMES[key], figure, b, unit, 1.0, [r[key] for r in raw]))
+        lines.append(("raw", raw_scenario, figure, b, unit, 1.0, [r[key] for r in raw]))
     print(f"\nmedian of {len(ours)} runs; counts: {cfg}")
-    print(f"{'side':8} {'scenario':27} {'figure':10} {'value':>11} {'unit':9} {'x raw':>6}")
+    print(f"{'side':8} {'scenario':27} {'figure':6} {'value':>11} {'unit':9} {'x raw':>6}")
     for side, scenario, figure, value, unit, ratio, _ in lines:
-        print(f"{side:8} {scenario:27} {figure:10} {value:11,.1f} {unit:9} {ratio:6.2f}")
-    print(
-        "\nx raw: ours/raw for latencies; raw_rate/our_rate for throughputs, i.e. how many\n"
-        "times longer monarch takes per call/round/message than raw nats-py doing the same\n"
-        "traffic pattern (1.00 = as fast as raw, higher is worse)."
-    )
+        print(f"{side:8} {scenario:27} {figure:6} {value:11,.1f} {unit:9} {ratio:6.2f}")
+    print(FOOTNOTE)
     if as_json:
+        keys = ("side", "scenario", "figure", "value", "unit", "x_raw", "runs")
         for side, scenario, figure, value, unit, ratio, runs in lines:
-            print(
-                json.dumps(
-                    {
-                        "bench": "actors",
-                        "side": side,
-                        "scenario": scenario,
-                        "figure": figure,
-                        "value": round(value, 2),
-                        "unit": unit,
-                        "x_raw": round(ratio, 3),
-                        "runs": [round(v, 2) for v in runs],
-                    }
-                )
-            )
+            values = (side, scenario, figure, round(value, 2), unit, round(ratio, 3))
+            row = dict(zip(keys, (*values, [round(v, 2) for v in runs])))
+            print(json.dumps({"bench": "actors", **row}))
 
 
 def main() -> None:
@@ -265,41 +261,37 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small counts (smoke test, < 30 s)")
     ap.add_argument("--json", action="store_true", help="also print one JSON line per figure")
     args = ap.parse_args()
+    if args.runs < 1:
+        ap.error("--runs must be at least 1")
     if args.quick:
         cfg = dict(warmup=50, latency=200, pipelined=1000, rounds=100, fire=1000)
     else:
         cfg = dict(warmup=200, latency=2000, pipelined=10_000, rounds=1000, fire=10_000)
 
-    broker = EmbeddedBroker().start()
-    os.environ["MONARCH_NATS_URL"] = broker.url  # before monarch's first use: it starts none
-
-    prefix = f"bench.{uuid.uuid4().hex[:8]}"
-    procs = responders = raw_client = None
-    try:
+    # Everything started is stopped in reverse order, even if a step fails or ^C.
+    with contextlib.ExitStack() as cleanup:
+        broker = EmbeddedBroker().start()
+        cleanup.callback(broker.stop)
+        os.environ["MONARCH_NATS_URL"] = broker.url  # before monarch's first use: it starts none
+        cleanup.callback(shutdown_runtime)
         procs = this_host().spawn_procs(per_host={"gpus": N_PROCS})
+        cleanup.callback(lambda: procs.stop().get(TIMEOUT))
         mesh = procs.spawn("echo", Echo)
         one = mesh.slice(gpus=0)
-        responders = start_responders(broker.url, prefix)
+
+        prefix = f"bench.{uuid.uuid4().hex[:8]}"
+        start_responders(broker.url, prefix, cleanup)
         raw_client = RawClient(broker.url, prefix)
+        cleanup.callback(raw_client.close)
+
         ours, raw = [], []
         for i in range(args.runs):
             ours.append(bench_monarch(mesh, one, cfg))
             raw.append(raw_client.bench(cfg))
-            print(
-                f"run {i + 1}/{args.runs}: monarch {ours[-1]}\n         raw {raw[-1]}",
-                file=sys.stderr,
-                flush=True,
-            )
+            for side, r in (("monarch", ours[-1]), ("raw", raw[-1])):
+                figures = " ".join(f"{k}={v:,.0f}" for k, v in r.items())
+                print(f"run {i + 1}/{args.runs} {side:7} {figures}", file=sys.stderr, flush=True)
         report(ours, raw, cfg, args.json)
-    finally:
-        if raw_client is not None:
-            raw_client.close()
-        if responders is not None:
-            stop_responders(responders)
-        if procs is not None:
-            procs.stop().get(TIMEOUT)
-        shutdown_runtime()
-        broker.stop()
 
 
 if __name__ == "__main__":

@@ -1,10 +1,23 @@
 """The Monarch actor API (``from monarch.actor import Actor, endpoint, this_host``).
 
-This module only re-exports; the work lives in :mod:`monarch.actors`.
+This module only re-exports; the work lives in :mod:`monarch.actors`. The
+README's support table says, name by name, what is supported.
 """
 
 from monarch.actors.actor import Actor
 from monarch.actors.actor_mesh import ActorMesh, MessageTooLargeError
+from monarch.actors.compat import (
+    ChannelTransport,
+    attach_to_workers,
+    debug_controller,
+    enable_transport,
+    gpu_direct_rdma_supported,
+    hosts_from_config,
+    local_proc_mesh,
+    proc_mesh,
+    run_worker_loop_forever,
+    sim_proc_mesh,
+)
 from monarch.actors.context import (
     Context,
     Instance,
@@ -13,8 +26,9 @@ from monarch.actors.context import (
     current_rank,
     current_size,
 )
+from monarch.actors.controllers import get_or_spawn_controller
+from monarch.actors.endpoint import Accumulator, as_endpoint, concurrent_endpoint, endpoint, send
 from monarch.actors.endpoint import ActorEndpoint as Endpoint
-from monarch.actors.endpoint import endpoint
 from monarch.actors.errors import (
     ActorError,
     MeshStoppedError,
@@ -27,14 +41,20 @@ from monarch.actors.errors import (
 )
 from monarch.actors.future import Future
 from monarch.actors.host_mesh import HostMesh, this_host
-from monarch.actors.proc_mesh import ProcMesh
+from monarch.actors.ports import Channel, Port, PortReceiver
+from monarch.actors.proc_mesh import ProcMesh, this_proc
+from monarch.actors.runtime import shutdown_context
 from monarch.actors.shape import Extent, Point
 from monarch.actors.value_mesh import ValueMesh
+from monarch.broker import config
 
 __all__ = [
+    "Accumulator",
     "Actor",
     "ActorError",
     "ActorMesh",
+    "Channel",
+    "ChannelTransport",
     "Context",
     "Endpoint",
     "Extent",
@@ -46,16 +66,34 @@ __all__ = [
     "NoActorError",
     "NotAnEndpointError",
     "Point",
+    "Port",
+    "PortReceiver",
     "ProcMesh",
     "ProcStartError",
     "RemoteException",
     "SpawnError",
     "SupervisionError",
     "ValueMesh",
+    "as_endpoint",
+    "attach_to_workers",
+    "concurrent_endpoint",
+    "config",
     "context",
     "current_actor_name",
     "current_rank",
     "current_size",
+    "debug_controller",
+    "enable_transport",
     "endpoint",
+    "get_or_spawn_controller",
+    "gpu_direct_rdma_supported",
+    "hosts_from_config",
+    "local_proc_mesh",
+    "proc_mesh",
+    "run_worker_loop_forever",
+    "send",
+    "shutdown_context",
+    "sim_proc_mesh",
     "this_host",
+    "this_proc",
 ]

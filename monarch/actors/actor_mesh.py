@@ -23,10 +23,12 @@ from monarch.actors.errors import (
     NoActorError,
     NotAnEndpointError,
     SpawnError,
+    SupervisionError,
 )
 from monarch.actors.future import Future
+from monarch.actors.instance import ADHOC
 from monarch.actors.mesh_ops import MeshShapeOps
-from monarch.actors.runtime import Runtime, runtime
+from monarch.actors.runtime import LocalMsg, Runtime, runtime
 from monarch.actors.shape import Extent, View
 from monarch.actors.value_mesh import ValueMesh
 from monarch.broker import subjects
@@ -62,6 +64,8 @@ class MeshState:
         self.dead: dict[int, BaseException] = {}  # base rank -> why
         self._queued: list[tuple] = []
         self.inflight: set[Gather] = set()
+        self.proc_uids: list[str] = []  # per rank, where known (owner side)
+        self.local: Any = None  # the ActorInstance when the whole mesh is in this process
         rt.mesh_states[uid] = self
 
     def actor_id(self, rank: int) -> str:
@@ -78,7 +82,7 @@ class MeshState:
     def mark_failed(self, exc: BaseException) -> None:
         self.error = exc
         queued, self._queued = self._queued, []
-        for _tokens, _body, _headers, gather in queued:
+        for _tokens, _body, _headers, gather, _reply in queued:
             if gather is not None:
                 gather.fail(exc)
 
@@ -100,7 +104,12 @@ class MeshState:
     # -- sending (loop) -------------------------------------------------------
 
     def send(
-        self, tokens: list[list[str]], body: bytes, headers: dict, gather: Gather | None
+        self,
+        tokens: list[list[str]],
+        body: bytes,
+        headers: dict,
+        gather: Gather | None,
+        reply: str = "",
     ) -> None:
         if gather is not None:
             gather.open()
@@ -119,20 +128,47 @@ class MeshState:
                 gather.fail(self.error)
             return
         if not self.ready:
-            self._queued.append((tokens, body, headers, gather))
+            self._queued.append((tokens, body, headers, gather, reply))
             return
-        self._publish(tokens, body, headers, gather)
+        self._publish(tokens, body, headers, gather, reply)
 
     def _publish(
-        self, tokens: list[list[str]], body: bytes, headers: dict, gather: Gather | None
+        self,
+        tokens: list[list[str]],
+        body: bytes,
+        headers: dict,
+        gather: Gather | None,
+        reply: str = "",
     ) -> None:
         ns, rt = self.rt.namespace, self.rt
-        reply = gather.subject if gather is not None else ""
+        if gather is not None:
+            reply = gather.subject
+        if self.local is not None:
+            # Every actor of this mesh lives in this process: skip the broker. All
+            # senders in this process take this path, so their order still holds.
+            subject = subjects.actor(ns, self.name, self.uid, tokens[0])
+            self.local.deliver(LocalMsg(subject, body, reply, headers))
+            return
         on_error = gather.fail if gather is not None else None
         for toks in tokens:
             rt.publish(
                 subjects.actor(ns, self.name, self.uid, toks), body, headers, reply, on_error
             )
+
+    async def stop_actors(self) -> None:
+        """Ask each proc hosting this mesh to stop its actor (owner side)."""
+        if self.stopped is not None:
+            return
+        self.mark_stopped("stopped by its owner")
+        if not self.proc_uids:
+            return
+        from monarch.actors.rpc import request_all
+
+        requests = [
+            (subjects.ctl_proc(self.rt.namespace, uid), dumps(self.uid), {m.KIND: "stop_mesh"})
+            for uid in self.proc_uids
+        ]
+        await request_all(self.rt, requests, self.rt.settings.stop_timeout + 5)
 
 
 class Gather:
@@ -197,6 +233,8 @@ class Gather:
                 value = m.decode_error(
                     value, actor_id=self.state.actor_id(rank), rank=rank, endpoint=self.endpoint
                 )
+                if isinstance(value.exception, SupervisionError):
+                    value = value.exception  # a failed or stopping actor, not an endpoint error
         except Exception as e:  # an undecodable reply fails the call, not the loop
             ok, value = False, e
         self.values[rank] = value
@@ -219,6 +257,32 @@ class Gather:
             self.futures[0]._set_result(result)
 
 
+class NotAnEndpoint:
+    """What ``mesh.name`` gives for a plain (non-endpoint) method of the actor class.
+
+    Using it raises :class:`NotAnEndpointError`; ``as_endpoint(mesh.name)``
+    turns it into an endpoint on purpose.
+    """
+
+    def __init__(self, mesh: ActorMesh, name: str) -> None:
+        self._mesh = mesh
+        self._name = name
+
+    def _error(self) -> NotAnEndpointError:
+        return NotAnEndpointError(
+            f"{self._mesh._class_name}.{self._name} is not an endpoint: decorate it with "
+            f"@endpoint, or wrap it with as_endpoint(mesh.{self._name}) to call it on the mesh"
+        )
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        raise self._error()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._error()
+
+
 class ActorMesh(MeshShapeOps, Generic[A]):
     """A (view of a) mesh of actors; endpoints are attributes: ``mesh.train.call(...)``."""
 
@@ -233,7 +297,7 @@ class ActorMesh(MeshShapeOps, Generic[A]):
         return ActorMesh(self._state, view)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name.startswith("_"):
+        if name.startswith("_"):
             raise AttributeError(name)
         cached = self._endpoint_cache.get(name)
         if cached is not None:
@@ -241,11 +305,8 @@ class ActorMesh(MeshShapeOps, Generic[A]):
         prop = self._state.endpoints.get(name)
         if prop is None:
             cls = self._state.cls
-            if cls is not None and hasattr(cls, name):
-                raise NotAnEndpointError(
-                    f"{self._class_name}.{name} is not an endpoint: decorate it with @endpoint "
-                    "to call it on the mesh"
-                )
+            if cls is not None and callable(getattr(cls, name, None)):
+                return NotAnEndpoint(self, name)
             raise AttributeError(f"actor class {self._class_name} has no endpoint {name!r}")
         ep = ActorEndpoint(self, prop)
         self._endpoint_cache[name] = ep
@@ -257,9 +318,26 @@ class ActorMesh(MeshShapeOps, Generic[A]):
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name!r} of {self._class_name} {self._view.extent!r}>"
 
+    def stop(self) -> Future[None]:
+        """Stop these actors (not their procs): queued messages are handled, then ``__cleanup__``."""
+        st = self._state
+        fut: Future[None] = Future()
+
+        async def run() -> None:
+            try:
+                await st.stop_actors()
+                fut._set_result(None)
+            except BaseException as e:
+                fut._set_exception(e)
+
+        st.rt.run_coro(run())
+        return fut
+
     # -- sending (caller's thread) ---------------------------------------------
 
-    def _encode(self, endpoint: str, args: tuple, kwargs: dict, kind: str) -> tuple[bytes, dict]:
+    def _encode(
+        self, endpoint: str, args: tuple, kwargs: dict, kind: str, adhoc: str | None
+    ) -> tuple[bytes, dict]:
         st = self._state
         if st.stopped is not None:
             raise MeshStoppedError(f"actor mesh {self._name!r} was stopped ({st.stopped})")
@@ -276,25 +354,42 @@ class ActorMesh(MeshShapeOps, Generic[A]):
                 f"max_payload of {st.rt.max_payload}"
             )
         headers = {m.KIND: kind, m.ENDPOINT: endpoint, m.FROM: sender_id(), m.SEQ: str(next(_seq))}
+        if adhoc:
+            headers[ADHOC] = adhoc
         return body, headers
 
-    def _call(self, endpoint: str, args: tuple, kwargs: dict, gather: str) -> Any:
-        body, headers = self._encode(endpoint, args, kwargs, "call")
+    def _targets(self, selection: str) -> tuple[list[list[str]], list[int]]:
         view = self._view
-        if gather == "choose":
+        if selection == "choose":
             rank = random.choice(view.ranks)
-            tokens = [[str(c) for c in self._state.base.coords(rank)]]
-            expected = [rank]
-        else:
-            tokens = view.subject_tokens()
-            expected = list(view.ranks)
-        g = Gather(self._state, view, expected, gather, endpoint)
+            return [[str(c) for c in self._state.base.coords(rank)]], [rank]
+        if selection != "all":
+            raise ValueError(f"selection must be 'all' or 'choose', not {selection!r}")
+        return view.subject_tokens(), list(view.ranks)
+
+    def _call(
+        self, endpoint: str, args: tuple, kwargs: dict, gather: str, adhoc: str | None = None
+    ) -> Any:
+        body, headers = self._encode(endpoint, args, kwargs, "call", adhoc)
+        tokens, expected = self._targets("choose" if gather == "choose" else "all")
+        g = Gather(self._state, self._view, expected, gather, endpoint)
         self._state.rt.call_soon(self._state.send, tokens, body, headers, g)
         return g.futures if gather == "stream" else g.futures[0]
 
-    def _cast(self, endpoint: str, args: tuple, kwargs: dict) -> None:
-        body, headers = self._encode(endpoint, args, kwargs, "send")
-        self._state.rt.call_soon(self._state.send, self._view.subject_tokens(), body, headers, None)
+    def _cast(
+        self,
+        endpoint: str,
+        args: tuple,
+        kwargs: dict,
+        adhoc: str | None = None,
+        port: Any = None,
+        selection: str = "all",
+    ) -> None:
+        """Send without gathering; replies (if ``port``) go straight to that port."""
+        body, headers = self._encode(endpoint, args, kwargs, "call" if port else "send", adhoc)
+        tokens, _ = self._targets(selection)
+        reply = port.subject if port is not None else ""
+        self._state.rt.call_soon(self._state.send, tokens, body, headers, None, reply)
 
 
 def spawn_error(name: str, rank: int, err: BaseException) -> SpawnError:

@@ -8,33 +8,40 @@ tree (a mesh of one, with an empty extent).
 from __future__ import annotations
 
 import contextvars
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from monarch.actors.shape import Extent, Point
 
 
-@dataclass
 class Instance:
     """The running actor (or the client) as seen from its own code."""
 
-    actor_id: str
-    name: str
-    rank: Point
-    proc_uid: str
-    proc: Any = None
-    _stop: Any = field(default=None, repr=False)
-    _actor: Any = field(default=None, repr=False)
+    def __init__(
+        self, actor_id: str, name: str, rank: Point, proc_uid: str, _stop: Any = None
+    ) -> None:
+        self.actor_id = actor_id
+        self.name = name
+        self.rank = rank
+        self.proc_uid = proc_uid
+        self._stop = _stop
+        self._actor: Any = None
 
     @property
-    def creator(self) -> Any:
-        return None
+    def proc(self) -> Any:
+        """The process this code runs in, as a proc mesh of one (spawn actors next to it)."""
+        from monarch.actors.proc_mesh import this_proc
+
+        return this_proc()
 
     def stop(self) -> None:
-        """Ask this actor to stop after the message it is handling."""
+        """Stop this actor once the message it is handling is done."""
         if self._stop is None:
             raise RuntimeError("the client cannot stop itself this way; use shutdown_context()")
         self._stop()
+
+    def __repr__(self) -> str:
+        return f"Instance({self.actor_id!r}, rank={self.rank!r})"
 
 
 @dataclass

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 import types
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
@@ -87,9 +88,12 @@ def endpoint(method: Callable[..., Any] | None = None, **options: Any) -> Any:
 class ActorEndpoint(Generic[R]):
     """One endpoint of one actor mesh (or a slice of it)."""
 
-    def __init__(self, mesh: ActorMesh, prop: EndpointProperty[R]) -> None:
+    def __init__(
+        self, mesh: ActorMesh, prop: EndpointProperty[R], adhoc: str | None = None
+    ) -> None:
         self._mesh = mesh
         self._prop = prop
+        self._adhoc = adhoc  # set by as_endpoint(): the receiver accepts a plain method
         self._qualname = f"{mesh._class_name}.{prop.name}"
 
     @property
@@ -102,7 +106,7 @@ class ActorEndpoint(Generic[R]):
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
         """Send to every actor of the mesh; a future of all results as a ValueMesh."""
         self._check(args, kwargs)
-        return self._mesh._call(self._prop.name, args, kwargs, gather="mesh")
+        return self._mesh._call(self._prop.name, args, kwargs, gather="mesh", adhoc=self._adhoc)
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Call the mesh's only actor; ``ValueError`` unless it has exactly one."""
@@ -112,22 +116,24 @@ class ActorEndpoint(Generic[R]):
                 f"extent {self._mesh.extent!r}: slice it first or use call()"
             )
         self._check(args, kwargs)
-        return self._mesh._call(self._prop.name, args, kwargs, gather="one")
+        return self._mesh._call(self._prop.name, args, kwargs, gather="one", adhoc=self._adhoc)
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Send to one actor of the mesh, picked by the runtime; a future of its result."""
         self._check(args, kwargs)
-        return self._mesh._call(self._prop.name, args, kwargs, gather="choose")
+        return self._mesh._call(self._prop.name, args, kwargs, gather="choose", adhoc=self._adhoc)
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Send to every actor without waiting; delivery order per actor still holds."""
         self._check(args, kwargs)
-        self._mesh._cast(self._prop.name, args, kwargs)
+        self._mesh._cast(self._prop.name, args, kwargs, adhoc=self._adhoc)
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
         """Send to every actor; yield one future per reply, in arrival order."""
         self._check(args, kwargs)
-        futures = self._mesh._call(self._prop.name, args, kwargs, gather="stream")
+        futures = self._mesh._call(
+            self._prop.name, args, kwargs, gather="stream", adhoc=self._adhoc
+        )
         return iter(futures)
 
     def rref(self, *args: Any, **kwargs: Any) -> Any:
@@ -143,6 +149,101 @@ class ActorEndpoint(Generic[R]):
 
     def __repr__(self) -> str:
         return f"<endpoint {self._qualname} of {self._mesh!r}>"
+
+
+def concurrent_endpoint(method: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """An endpoint whose messages start in arrival order but may run concurrently.
+
+    For ``async`` methods that wait on I/O or other actors: the actor takes its
+    next message while this one awaits. Tasks still running when the actor
+    stops are cancelled before ``__cleanup__`` runs.
+    """
+    if method is not None:
+        return EndpointProperty(method, concurrent=True, **options)
+    return lambda m: EndpointProperty(m, concurrent=True, **options)
+
+
+def as_endpoint(
+    not_an_endpoint: Any, *, propagate: Any = None, explicit_response_port: bool = False
+) -> ActorEndpoint:
+    """Call a plain (undecorated) actor method through the endpoint adverbs.
+
+    ``as_endpoint(mesh.helper).call(...)``: the caller opts in, and the message
+    tells the receiving actor that it did.
+    """
+    mesh = getattr(not_an_endpoint, "_mesh", None)
+    name = getattr(not_an_endpoint, "_name", None)
+    if mesh is None or name is None:
+        raise TypeError(f"as_endpoint() takes a method of an actor mesh, not {not_an_endpoint!r}")
+    method = getattr(mesh._state.cls, name)
+    prop = EndpointProperty(
+        method, propagate=propagate, explicit_response_port=explicit_response_port
+    )
+    return ActorEndpoint(mesh, prop, adhoc="port" if explicit_response_port else "1")
+
+
+def send(
+    endpoint: ActorEndpoint,
+    args: tuple,
+    kwargs: dict,
+    port: Any = None,
+    selection: str = "all",
+) -> None:
+    """Send a message to ``endpoint``'s mesh; each actor's reply goes to ``port`` (if given).
+
+    ``selection="choose"`` sends to one actor picked by the runtime instead of all.
+    """
+    endpoint._check(tuple(args), dict(kwargs))
+    endpoint._mesh._cast(
+        endpoint.name,
+        tuple(args),
+        dict(kwargs),
+        adhoc=endpoint._adhoc,
+        port=port,
+        selection=selection,
+    )
+
+
+class Accumulator(Generic[R]):
+    """Fold the replies of every actor of a mesh: ``Accumulator(mesh.ep, 0, add).accumulate(x)``."""
+
+    def __init__(self, endpoint: ActorEndpoint, identity: Any, combine: Callable[[Any, Any], Any]):
+        self._endpoint = endpoint
+        self._identity = identity
+        self._combine = combine
+
+    def accumulate(self, *args: Any, **kwargs: Any) -> Future[Any]:
+        futures = list(self._endpoint.stream(*args, **kwargs))
+        result: Future[Any] = Future()
+        state = {"value": self._identity, "left": len(futures)}
+        lock = threading.Lock()
+        if not futures:
+            result._set_result(self._identity)
+
+        def on_done(f: Future) -> None:
+            with lock:
+                fold(f)
+
+        def fold(f: Future) -> None:
+            if result.done():
+                return
+            try:
+                value = f.get()
+            except BaseException as e:
+                result._set_exception(e)
+                return
+            try:
+                state["value"] = self._combine(state["value"], value)
+            except BaseException as e:
+                result._set_exception(e)
+                return
+            state["left"] -= 1
+            if state["left"] == 0:
+                result._set_result(state["value"])
+
+        for f in futures:
+            f.add_callback(on_done)
+        return result
 
 
 def endpoints_of(cls: type) -> dict[str, EndpointProperty]:

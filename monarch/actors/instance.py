@@ -5,12 +5,20 @@ one at a time by the actor's task. A sync endpoint runs on the actor's own
 thread (so it may block, even on another actor's ``.get()``, without stalling
 the proc's loop); an async endpoint runs on the loop. Either way the next
 message waits until this one is done, which is what gives per-sender order.
+``@concurrent_endpoint`` methods are the exception: they start in order but
+run side by side.
+
+An actor *fails* when an exception has nowhere else to go: a ``broadcast``
+(no caller), an explicit-response-port endpoint that raises. A failed actor
+answers every later call with :class:`SupervisionError`, runs
+``__cleanup__(exc)``, and is reported to its owner (``on_failure``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -19,6 +27,8 @@ from nats.aio.msg import Msg
 from monarch.actors import messages as m
 from monarch.actors.context import Context, Instance, set_context
 from monarch.actors.endpoint import EndpointProperty, endpoints_of
+from monarch.actors.errors import MeshStoppedError, SupervisionError
+from monarch.actors.ports import Port
 from monarch.actors.runtime import Runtime
 from monarch.actors.shape import Extent, Point
 from monarch.broker.codec import CodecError, dumps, loads
@@ -26,6 +36,7 @@ from monarch.broker.codec import CodecError, dumps, loads
 log = logging.getLogger(__name__)
 
 _STOP = object()
+ADHOC = "Mon-Adhoc"  # header: the caller used as_endpoint() on a plain method
 
 
 class ActorInstance:
@@ -52,10 +63,16 @@ class ActorInstance:
         )
         self.obj: Any = None
         self.subscriptions: list[Any] = []
+        self.failed: BaseException | None = None
+        self.on_failure: Callable[[ActorInstance, BaseException], None] | None = None
+        self.on_stopped: Callable[[ActorInstance], None] | None = None
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"actor-{name}-{rank}")
         self._mailbox: asyncio.Queue = asyncio.Queue()
         self._task: asyncio.Task | None = None
+        self._concurrent: set[asyncio.Task] = set()
         self._stopping = False
+        self._stop_requested = False
+        self._done = False
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -66,37 +83,66 @@ class ActorInstance:
             set_context(Context(self.info, self.point))
             return self.cls(*args, **kwargs)
 
-        self.obj = await self.rt.loop.run_in_executor(self._thread, build)
+        try:
+            self.obj = await self.rt.loop.run_in_executor(self._thread, build)
+        except BaseException:
+            self._thread.shutdown(wait=False)
+            raise
         self.info._actor = self.obj
         self._task = self.rt.loop.create_task(self._run(), name=f"actor {self.actor_id}")
 
     def deliver(self, msg: Msg) -> None:
         """Called by the intake, in wire order, on the loop."""
-        if self._stopping:
-            self._reply_stopped(msg)
+        if self._stopping or self.failed is not None:
+            self._refuse(msg)
             return
         self._mailbox.put_nowait(msg)
 
     def request_stop(self) -> None:
-        self.rt.call_soon(self._mailbox.put_nowait, _STOP)
+        """``context().actor_instance.stop()``: stop after the current message."""
+        self._stop_requested = True
 
-    async def stop(self, timeout: float) -> None:
-        """Handle what is already queued, run ``__cleanup__``, then release the thread."""
-        for sub in self.subscriptions:
-            try:
-                await sub.unsubscribe()
-            except Exception:
-                pass
-        self._mailbox.put_nowait(_STOP)
-        if self._task is not None:
+    async def stop(self, timeout: float, exc: BaseException | None = None) -> None:
+        """Handle what is already queued, cancel concurrent tasks, run ``__cleanup__``.
+
+        Bounded by ``timeout``: a mailbox that does not drain in time is cut off.
+        """
+        if self._done:
+            return
+        self._done = True
+        await self._unsubscribe()
+        if self._task is not None and not self._task.done():
+            self._mailbox.put_nowait(_STOP)
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), timeout)
             except asyncio.TimeoutError:
                 log.warning("actor %s did not finish its mailbox in %.1f s", self.actor_id, timeout)
                 self._task.cancel()
         self._stopping = True
-        await self._cleanup(None)
+        await self._cancel_concurrent()
+        while not self._mailbox.empty():
+            left = self._mailbox.get_nowait()
+            if left is not _STOP:
+                self._refuse(left)
+        await self._cleanup(exc)
         self._thread.shutdown(wait=False)
+        if self.on_stopped is not None:
+            self.on_stopped(self)
+
+    async def _unsubscribe(self) -> None:
+        subs, self.subscriptions = self.subscriptions, []
+        for sub in subs:
+            try:
+                await sub.unsubscribe()
+            except Exception:
+                pass
+
+    async def _cancel_concurrent(self) -> None:
+        tasks = list(self._concurrent)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _cleanup(self, exc: BaseException | None) -> None:
         hook = getattr(self.obj, "__cleanup__", None)
@@ -110,6 +156,27 @@ class ActorInstance:
         except Exception:
             log.exception("__cleanup__ of %s raised", self.actor_id)
 
+    def fail(self, exc: BaseException) -> None:
+        """The actor cannot go on: refuse further messages, clean up, tell the owner."""
+        if self.failed is not None:
+            return
+        self.failed = exc
+        log.error("actor %s failed: %r", self.actor_id, exc)
+        self.rt.loop.create_task(self._after_failure(exc))
+
+    async def _after_failure(self, exc: BaseException) -> None:
+        await self._unsubscribe()
+        await self._cancel_concurrent()
+        while not self._mailbox.empty():
+            left = self._mailbox.get_nowait()
+            if left is not _STOP:
+                self._refuse(left)
+        self._done = True
+        await self._cleanup(exc)
+        self._thread.shutdown(wait=False)
+        if self.on_failure is not None:
+            self.on_failure(self, exc)
+
     # -- handling -------------------------------------------------------------
 
     async def _run(self) -> None:
@@ -117,66 +184,106 @@ class ActorInstance:
             msg = await self._mailbox.get()
             if msg is _STOP:
                 return
+            if self.failed is not None:
+                self._refuse(msg)
+                continue
             try:
                 await self._handle(msg)
             except Exception:
                 log.exception("actor %s failed to handle a message", self.actor_id)
+            if self._stop_requested and not self._done:
+                self.rt.loop.create_task(self.stop(self.rt.settings.stop_timeout))
+                return
 
-    async def _handle(self, msg: Msg) -> None:
+    def _endpoint_for(self, msg: Msg) -> EndpointProperty | None:
         headers = msg.headers or {}
         name = headers.get(m.ENDPOINT, "")
         prop = self.endpoints.get(name)
+        if prop is None and headers.get(ADHOC) and not name.startswith("_"):
+            method = getattr(self.cls, name, None)
+            if callable(method):  # the caller opted in with as_endpoint()
+                prop = EndpointProperty(method, explicit_response_port=headers.get(ADHOC) == "port")
+                self.endpoints[name] = prop
+        return prop
+
+    async def _handle(self, msg: Msg) -> None:
+        prop = self._endpoint_for(msg)
         if prop is None:
+            name = (msg.headers or {}).get(m.ENDPOINT, "")
             err = AttributeError(
                 f"actor {self.actor_id} ({self.cls.__name__}) has no endpoint {name!r}"
             )
-            self._respond(msg, False, m.encode_error(err))
+            self._respond(msg, False, m.encode_error(err), prop=None)
             return
+        if prop.concurrent:
+            task = self.rt.loop.create_task(self._run_one(prop, msg))
+            self._concurrent.add(task)
+            task.add_done_callback(self._concurrent.discard)
+            return
+        await self._run_one(prop, msg)
+
+    async def _run_one(self, prop: EndpointProperty, msg: Msg) -> None:
         if prop.is_async:
             ok, body = await self._invoke_async(prop, msg)
+        elif prop.concurrent:
+            ok, body = await self.rt.loop.run_in_executor(None, self._invoke_sync, prop, msg)
         else:
             ok, body = await self.rt.loop.run_in_executor(
                 self._thread, self._invoke_sync, prop, msg
             )
-        self._respond(msg, ok, body)
+        self._respond(msg, ok, body, prop)
 
-    def _context_for(self, view_spec: Any) -> Context:
+    def _prepare(self, prop: EndpointProperty, msg: Msg) -> tuple[tuple, dict]:
+        args, kwargs, view_spec = loads(msg.data)
         if view_spec is None:
-            return Context(self.info, self.point)
-        labels, sizes, ranks = view_spec
-        return Context(self.info, Point(ranks.index(self.rank), Extent(labels, sizes)))
+            set_context(Context(self.info, self.point))
+        else:
+            labels, sizes, ranks = view_spec
+            set_context(Context(self.info, Point(ranks.index(self.rank), Extent(labels, sizes))))
+        if prop.explicit_response_port:
+            args = (Port(msg.reply or "", self.rank), *args)
+        return args, kwargs
 
     def _invoke_sync(self, prop: EndpointProperty, msg: Msg) -> tuple[bool, bytes]:
         try:
-            args, kwargs, view_spec = loads(msg.data)
-            set_context(self._context_for(view_spec))
+            args, kwargs = self._prepare(prop, msg)
             result = prop._method(self.obj, *args, **kwargs)
-            return True, dumps(result) if msg.reply else b""
+            return True, self._encode_result(prop, msg, result)
         except Exception as e:
             return self._failure(prop, e)
 
     async def _invoke_async(self, prop: EndpointProperty, msg: Msg) -> tuple[bool, bytes]:
         try:
-            args, kwargs, view_spec = loads(msg.data)
-            set_context(self._context_for(view_spec))
+            args, kwargs = self._prepare(prop, msg)
             result = await prop._method(self.obj, *args, **kwargs)
-            return True, dumps(result) if msg.reply else b""
+            return True, self._encode_result(prop, msg, result)
         except Exception as e:
             return self._failure(prop, e)
+
+    @staticmethod
+    def _encode_result(prop: EndpointProperty, msg: Msg, result: Any) -> bytes:
+        if not msg.reply or prop.explicit_response_port:
+            return b""
+        return dumps(result)
 
     def _failure(self, prop: EndpointProperty, e: Exception) -> tuple[bool, bytes]:
         if isinstance(e, CodecError):
             log.warning("%s.%s: %s", self.actor_id, prop.name, e)
-        return False, m.encode_error(e)
+        body = m.encode_error(e)
+        if prop.explicit_response_port:
+            # Nobody waits for a return value here: the exception escapes the actor.
+            self.fail(e)
+        return False, body
 
-    def _respond(self, msg: Msg, ok: bool, body: bytes) -> None:
+    def _respond(self, msg: Msg, ok: bool, body: bytes, prop: EndpointProperty | None) -> None:
+        if prop is not None and prop.explicit_response_port:
+            return  # the endpoint answers through its port
         if not msg.reply:
-            if not ok:
-                # No caller to tell: supervision reports it (see monarch.supervision).
-                err = m.decode_error(body, actor_id=self.actor_id, rank=self.rank, endpoint="")
-                log.error(
-                    "unhandled error in %s (no caller to receive it):\n%s", self.actor_id, err
+            if not ok and prop is not None:
+                err = m.decode_error(
+                    body, actor_id=self.actor_id, rank=self.rank, endpoint=prop.name
                 )
+                self.fail(err.exception)  # no caller to receive it
             return
         if len(body) > self.rt.max_payload:
             ok, body = (
@@ -188,20 +295,21 @@ class ActorInstance:
                     )
                 ),
             )
-        headers = {
-            m.KIND: "reply" if ok else "error",
-            m.RANK: str(self.rank),
-            m.FROM: self.actor_id,
-        }
-        self.rt.publish(msg.reply, body, headers)
+        self._publish_reply(msg.reply, "reply" if ok else "error", body)
 
-    def _reply_stopped(self, msg: Msg) -> None:
-        if msg.reply:
-            from monarch.actors.errors import MeshStoppedError
+    def _publish_reply(self, subject: str, kind: str, body: bytes) -> None:
+        headers = {m.KIND: kind, m.RANK: str(self.rank), m.FROM: self.actor_id}
+        self.rt.publish(subject, body, headers)
 
-            err = MeshStoppedError(f"actor {self.actor_id} is stopping")
-            self.rt.publish(
-                msg.reply,
-                m.encode_error(err),
-                {m.KIND: "error", m.RANK: str(self.rank), m.FROM: self.actor_id},
+    def _refuse(self, msg: Msg) -> None:
+        if not msg.reply:
+            return
+        if self.failed is not None:
+            err: Exception = SupervisionError(
+                f"actor {self.actor_id} failed: {self.failed!r}",
+                actor_id=self.actor_id,
+                rank=self.rank,
             )
+        else:
+            err = MeshStoppedError(f"actor {self.actor_id} is stopping")
+        self._publish_reply(msg.reply, "error", m.encode_error(err))

@@ -46,6 +46,11 @@ def proc_env(extent: Extent, rank: int) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(paths)
     point = extent.coords(rank)
     env["MONARCH_RANK"] = str(rank)
+    from monarch.actors.runtime import current_runtime_or_none
+
+    rt = current_runtime_or_none()
+    if rt is not None:
+        env["MONARCH_ROOT_PROC"] = rt.root_uid
     for label, c in zip(extent.labels, point):
         env[f"MONARCH_POINT_{label.upper()}"] = str(c)
     if "gpus" in extent.labels and "CUDA_VISIBLE_DEVICES" not in os.environ:
@@ -95,6 +100,9 @@ class LocalLauncher:
                     env=proc_env(extent, h.rank),
                     stdin=subprocess.DEVNULL,
                     preexec_fn=functools.partial(child_dies_with_parent, me),
+                    # Own session: a terminal's Ctrl-C reaches the client only, which
+                    # then stops its procs in order instead of racing them.
+                    start_new_session=True,
                 )
                 threading.Thread(
                     target=self._reap, args=(h, on_exit), name=f"reaper-{h.uid}", daemon=True

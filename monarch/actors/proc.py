@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import sys
+from typing import Any
 
 from nats.aio.msg import Msg
 
@@ -30,7 +31,11 @@ log = logging.getLogger("monarch.proc")
 
 
 class ProcServer:
-    """Handles this proc's control messages and owns its actors."""
+    """Handles this proc's control messages and owns its actors.
+
+    Control messages are served one at a time, in order, which also makes
+    ``get_or_spawn_controller`` race-free at the root client.
+    """
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
@@ -38,6 +43,7 @@ class ProcServer:
         self.stopped = asyncio.Event()
         self._ctl: asyncio.Queue = asyncio.Queue()
         self._task = rt.loop.create_task(self._serve())
+        self.controllers: dict[str, Any] = {}
         rt.set_ctl_handler(self._ctl.put_nowait)
 
     async def _serve(self) -> None:
@@ -68,15 +74,40 @@ class ProcServer:
     async def _on_spawn(self, msg: Msg) -> None:
         spec = loads(msg.data)
         rank = int((msg.headers or {})[m.RANK])
-        cls = resolve_class(spec["cls"])
         extent = Extent(spec["labels"], spec["sizes"])
-        name, uid = spec["name"], spec["uid"]
+        await self.spawn_instance(
+            spec["name"],
+            spec["uid"],
+            rank,
+            extent,
+            resolve_class(spec["cls"]),
+            tuple(spec["args"]),
+            spec["kwargs"],
+        )
+
+    async def spawn_instance(
+        self, name: str, uid: str, rank: int, extent: Extent, cls: type, args: tuple, kwargs: dict
+    ) -> ActorInstance:
+        """Construct one actor here and subscribe it to its 2^d subjects."""
         inst = ActorInstance(self.rt, name=name, uid=uid, rank=rank, extent=extent, cls=cls)
-        await inst.construct(tuple(spec["args"]), spec["kwargs"])
+        await inst.construct(args, kwargs)
+        inst.on_stopped = self._forget
+        inst.on_failure = self._actor_failed
         self.actors[uid] = inst
         coords = extent.coords(rank)
         for subject in subjects.point_subscriptions(self.rt.namespace, name, uid, coords):
             inst.subscriptions.append(await self.rt.subscribe_mesh(subject, inst.deliver))
+        return inst
+
+    def _forget(self, inst: ActorInstance) -> None:
+        if self.actors.get(inst.uid) is inst:
+            del self.actors[inst.uid]
+
+    def _actor_failed(self, inst: ActorInstance, exc: BaseException) -> None:
+        self._forget(inst)
+        hook = getattr(self.rt, "on_actor_failure", None)
+        if hook is not None:
+            hook(inst, exc)
 
     async def _on_stop_mesh(self, msg: Msg) -> None:
         uid = loads(msg.data)
@@ -85,16 +116,45 @@ class ProcServer:
             await inst.stop(self.rt.settings.stop_timeout)
 
     async def _on_stop(self, msg: Msg) -> None:
-        for uid in list(self.actors):
-            await self.actors.pop(uid).stop(self.rt.settings.stop_timeout)
+        await self.stop_all()
         self.stopped.set()
+
+    async def close(self) -> None:
+        """Stop every actor here and the control task (the process goes on)."""
+        await self.stop_all()
+        self._task.cancel()
+
+    async def stop_all(self) -> None:
+        for uid in list(self.actors):
+            inst = self.actors.pop(uid, None)
+            if inst is not None:
+                await inst.stop(self.rt.settings.stop_timeout)
+
+    async def _on_controller(self, msg: Msg) -> Any:
+        """Get or spawn the named singleton (only the root client receives these)."""
+        from monarch.actors.controllers import get_or_spawn_here
+
+        return await get_or_spawn_here(self, msg)
+
+
+_local_server: ProcServer | None = None
+
+
+def local_server(rt: Runtime) -> ProcServer:
+    """The actor host of this process, created on first use (the client has none until then)."""
+    global _local_server
+    if _local_server is None or _local_server.rt is not rt:
+        _local_server = ProcServer(rt)
+        rt.on_close(_local_server.close)
+    return _local_server
 
 
 async def serve(uid: str, ready: str, url: str) -> None:
     rt = Runtime(proc_uid=uid, loop=asyncio.get_running_loop(), cfg=settings())
+    rt.root_uid = os.environ.get("MONARCH_ROOT_PROC") or uid
     install_runtime(rt)
     await rt.connect(url)
-    server = ProcServer(rt)
+    server = local_server(rt)
     rt.publish(ready, dumps(os.getpid()), {m.KIND: "ready", m.FROM: uid})
     await server.stopped.wait()
     await rt.close()

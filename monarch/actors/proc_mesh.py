@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from typing import Any, TypeVar
 
 from monarch.actors import messages as m
@@ -125,7 +126,12 @@ class ProcMeshState:
         except BaseException as e:
             mesh_state.mark_failed(e)
             return
+        mesh_state.proc_uids = [self.procs[pr].uid for pr in proc_ranks]
+        self._bind_local(mesh_state)
         mesh_state.mark_ready()
+
+    def _bind_local(self, mesh_state: MeshState) -> None:
+        """Meshes on procs elsewhere are reached through the broker (see LocalProcMeshState)."""
 
     async def stop(self, procs: list[ProcHandle] | None = None) -> None:
         """Stop gracefully (actors drain and clean up), then kill what is left.
@@ -159,6 +165,34 @@ class ProcMeshState:
     async def kill(self) -> None:
         self.stopping = True
         await self.launcher.wait_or_kill([p for p in self.procs if p.returncode is None], timeout=0)
+
+
+class LocalProcMeshState(ProcMeshState):
+    """The calling process itself as a proc mesh of one (``this_proc()``).
+
+    Actors spawned here run in this process; messages to them from this
+    process skip the broker (see ``MeshState.local``).
+    """
+
+    def __init__(self, rt: Runtime) -> None:
+        super().__init__(rt, "local", Extent([], []), launcher=None)  # type: ignore[arg-type]
+        self.procs = [ProcHandle(rt.proc_uid, 0)]
+        self.ready.set_result(None)
+        self.launched.set()
+        from monarch.actors.proc import local_server
+
+        self.server = local_server(rt)
+
+    def _bind_local(self, mesh_state: MeshState) -> None:
+        mesh_state.local = self.server.actors.get(mesh_state.uid)
+
+    async def stop(self, procs: list[ProcHandle] | None = None) -> None:
+        """Stops the actors spawned here; the process itself goes on."""
+        for mesh_state, _ in self.actor_meshes:
+            await mesh_state.stop_actors()
+
+    async def shutdown(self) -> None:
+        await self.stop()
 
 
 class ProcMesh(MeshShapeOps):
@@ -268,3 +302,27 @@ class ProcMesh(MeshShapeOps):
 
     def __repr__(self) -> str:
         return f"<ProcMesh {self._state.name!r} {self._view.extent!r}>"
+
+
+def this_proc() -> ProcMesh:
+    """The calling process as a proc mesh of one: ``this_proc().spawn(...)`` runs actors here."""
+    from monarch.actors.runtime import runtime
+
+    rt = runtime()
+    pm = getattr(rt, "this_proc_mesh", None)
+    if pm is None:
+        holder: list[ProcMesh] = []
+        done = threading.Event()
+
+        def make() -> None:
+            state = LocalProcMeshState(rt)
+            rt.on_close(state.shutdown)
+            holder.append(ProcMesh(state, View.full(state.extent)))
+            done.set()
+
+        rt.call_soon(make)
+        if not rt.on_loop_thread():
+            done.wait()
+        pm = holder[0]
+        rt.this_proc_mesh = pm  # type: ignore[attr-defined]
+    return pm

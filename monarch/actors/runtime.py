@@ -37,6 +37,18 @@ log = logging.getLogger(__name__)
 PortHandler = Callable[[Msg], None]
 
 
+class LocalMsg:
+    """A message that never left this process; quacks like nats-py's ``Msg``."""
+
+    __slots__ = ("subject", "data", "reply", "headers")
+
+    def __init__(self, subject: str, data: bytes, reply: str, headers: dict | None) -> None:
+        self.subject = subject
+        self.data = data
+        self.reply = reply
+        self.headers = headers
+
+
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """uvloop when it is installed (faster I/O), else asyncio's default loop."""
     try:
@@ -57,6 +69,7 @@ class Runtime:
         self.nats_url: str = ""
         self.nc: Client | None = None
         self.is_client = False
+        self.root_uid = proc_uid  # the root client's proc uid (procs learn it from the environment)
         self._ports: dict[int, PortHandler] = {}
         self.mesh_states: dict[str, Any] = {}  # actor mesh uid -> MeshState known here
         self._port_ids = itertools.count(1)
@@ -68,6 +81,8 @@ class Runtime:
         self._loop_thread_id: int | None = None
         self._closers: list[Callable[[], Any]] = []
         self.max_payload = 1024 * 1024
+        self._own_port_prefix = subjects.port(cfg.namespace, proc_uid, "")
+        self._own_ctl = subjects.ctl_proc(cfg.namespace, proc_uid)
 
     # -- start and stop ----------------------------------------------------
 
@@ -149,7 +164,17 @@ class Runtime:
         reply: str = "",
         on_error: Callable[[BaseException], None] | None = None,
     ) -> None:
-        """Queue a message; messages leave in the order ``publish`` was called. Loop only."""
+        """Queue a message; messages leave in the order ``publish`` was called. Loop only.
+
+        Messages to this process's own ports and control subject are handed
+        over directly, without the broker round trip.
+        """
+        if subject.startswith(self._own_port_prefix):
+            self._on_port(LocalMsg(subject, payload, reply, headers))
+            return
+        if subject == self._own_ctl:
+            self._on_ctl(LocalMsg(subject, payload, reply, headers))
+            return
         self._outbox.append((subject, payload, reply, headers, on_error))
         if len(self._outbox) == 1:
             self._outbox_wakeup.set()
@@ -263,7 +288,7 @@ def _start_client_runtime() -> None:
     thread.start()
     started.wait()
     try:
-        asyncio.run_coroutine_threadsafe(rt.connect(url), loop).result(30)
+        asyncio.run_coroutine_threadsafe(_connect_client(rt, url), loop).result(30)
     except BaseException:
         loop.call_soon_threadsafe(loop.stop)
         if broker is not None:
@@ -289,6 +314,14 @@ def _start_client_runtime() -> None:
     atexit.register(shutdown_runtime)
 
 
+async def _connect_client(rt: Runtime, url: str) -> None:
+    await rt.connect(url)
+    # The root also serves control messages: this_proc() actors, controllers.
+    from monarch.actors.proc import local_server
+
+    local_server(rt)
+
+
 def _run_loop_forever(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:
     asyncio.set_event_loop(loop)
     loop.call_soon(started.set)
@@ -302,3 +335,32 @@ def shutdown_runtime() -> None:
         fn = rt._shutdown  # type: ignore[attr-defined]
         rt._shutdown = None  # type: ignore[attr-defined]
         fn()
+
+
+def shutdown_context() -> Any:
+    """Stop everything this client started (procs, actors, embedded broker).
+
+    Returns a future that completes when all is down. A later use of the API
+    starts afresh. Not callable from inside an actor.
+    """
+    from monarch.actors.future import Future
+
+    fut: Future[None] = Future()
+    rt = _runtime
+    if rt is None:
+        fut._set_result(None)
+        return fut
+    if not rt.is_client or rt.on_loop_thread():
+        raise RuntimeError(
+            "shutdown_context() is for the client script, not for code inside actors"
+        )
+
+    def run() -> None:
+        try:
+            shutdown_runtime()
+            fut._set_result(None)
+        except BaseException as e:
+            fut._set_exception(e)
+
+    threading.Thread(target=run, name="monarch-shutdown", daemon=True).start()
+    return fut

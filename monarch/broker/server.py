@@ -185,6 +185,9 @@ class EmbeddedBroker:
                 stdout=subprocess.DEVNULL,
                 stderr=log,
                 preexec_fn=child_dies_with_parent if os.name == "posix" else None,
+                # Own session: a terminal's Ctrl-C must not kill the broker before
+                # the client has stopped its procs through it.
+                start_new_session=True,
             )
 
     def _wait_ready(self, port: int, deadline: float) -> str:

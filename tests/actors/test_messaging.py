@@ -147,7 +147,9 @@ def test_proc_mesh_stop_leaves_no_process(nats_url):
 
 def test_unknown_and_non_endpoint_attributes(echo):
     with pytest.raises(NotAnEndpointError, match="not an endpoint"):
-        echo.helper
+        echo.helper.call_one()
+    with pytest.raises(NotAnEndpointError, match="as_endpoint"):
+        echo.helper()
     with pytest.raises(AttributeError, match="no endpoint 'nope'"):
         echo.nope
 

@@ -1,0 +1,73 @@
+"""Monarch names that exist for source compatibility, each saying what it does here.
+
+Some are thin spellings of features we have (``local_proc_mesh``,
+``proc_mesh``); the rest belong to features this build does not have yet and
+raise ``NotImplementedError`` with a sentence saying so, never a silent dummy.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, NoReturn
+
+from monarch.actors.host_mesh import this_host
+from monarch.actors.proc_mesh import ProcMesh
+
+
+def local_proc_mesh(*, gpus: int | None = None, hosts: int = 1, **_: Any) -> ProcMesh:
+    """Older Monarch spelling of ``this_host().spawn_procs(per_host={"gpus": gpus})``."""
+    return proc_mesh(gpus=gpus, hosts=hosts)
+
+
+def proc_mesh(*, gpus: int | None = None, hosts: int = 1, **_: Any) -> ProcMesh:
+    """Older Monarch spelling: ``hosts`` x ``gpus`` procs on this machine."""
+    per_host = {"gpus": gpus if gpus is not None else 1}
+    if hosts != 1:
+        per_host = {"hosts": hosts, **per_host}
+    return this_host().spawn_procs(per_host=per_host)
+
+
+def _missing(what: str, why: str) -> NoReturn:
+    raise NotImplementedError(f"{what} is not available in monarch over NATS yet: {why}")
+
+
+def sim_proc_mesh(*args: Any, **kwargs: Any) -> NoReturn:
+    _missing("sim_proc_mesh", "there is no simulator backend; use this_host().spawn_procs()")
+
+
+def debug_controller(*args: Any, **kwargs: Any) -> NoReturn:
+    _missing("debug_controller", "the interactive actor debugger is not built")
+
+
+def hosts_from_config(*args: Any, **kwargs: Any) -> NoReturn:
+    _missing("hosts_from_config", "multi-host meshes from host agents come with issue 6")
+
+
+def attach_to_workers(*args: Any, **kwargs: Any) -> NoReturn:
+    _missing("attach_to_workers", "multi-host meshes from host agents come with issue 6")
+
+
+def run_worker_loop_forever(*args: Any, **kwargs: Any) -> NoReturn:
+    _missing("run_worker_loop_forever", "host agents (`monarch host`) come with issue 6")
+
+
+class ChannelTransport(enum.Enum):
+    """Monarch's wire transports. Here every message goes through NATS, whatever is chosen."""
+
+    Unix = "unix"
+    TcpWithLocalhost = "tcp_localhost"
+    TcpWithHostname = "tcp_hostname"
+    MetaTlsWithHostname = "metatls_hostname"
+
+
+def enable_transport(transport: Any) -> NoReturn:
+    _missing(
+        "enable_transport",
+        "every control message travels over the NATS broker; point MONARCH_NATS_URL at the "
+        "broker (TLS and credentials are broker settings) instead of choosing a transport",
+    )
+
+
+def gpu_direct_rdma_supported() -> bool:
+    """False: GPUDirect RDMA has not been built or verified on hardware here."""
+    return False

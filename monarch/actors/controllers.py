@@ -1,0 +1,95 @@
+"""Named singletons: ``get_or_spawn_controller(name, Cls, *args)``.
+
+Every caller under one root client gets the same actor. Requests go to the
+root client's control subject, whose control messages are handled one at a
+time, so creation is race-free; the registry itself is a JetStream KV bucket
+(``monarch-<ns>-controllers``, key ``<root-uid>.<name>``) that a person can
+read with ``nats kv get``. The controller runs in the root client's process.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, TypeVar
+
+from nats.aio.msg import Msg
+from nats.js.errors import KeyWrongLastSequenceError
+
+from monarch.actors import messages as m
+from monarch.actors.actor import check_actor_class, class_ref, resolve_class
+from monarch.actors.actor_mesh import ActorMesh, MeshState
+from monarch.actors.future import Future
+from monarch.actors.rpc import request_all
+from monarch.actors.runtime import Runtime, runtime
+from monarch.actors.shape import Extent, View
+from monarch.broker import subjects
+from monarch.broker.codec import dumps, loads
+
+log = logging.getLogger(__name__)
+A = TypeVar("A")
+
+
+def bucket_name(namespace: str) -> str:
+    return f"monarch-{namespace}-controllers"
+
+
+def get_or_spawn_controller(
+    name: str, Class: type[A], *args: Any, **kwargs: Any
+) -> Future[ActorMesh[A]]:
+    """The actor named ``name`` under this root client, spawning ``Class(*args)`` if none exists."""
+    subjects.check_token(name, "controller name")
+    cls = check_actor_class(Class)
+    rt = runtime()
+    body = dumps({"name": name, "cls": class_ref(cls), "args": list(args), "kwargs": kwargs})
+    fut: Future[ActorMesh[A]] = Future()
+
+    async def run() -> None:
+        try:
+            target = subjects.ctl_proc(rt.namespace, rt.root_uid)
+            (reply,) = await request_all(
+                rt, [(target, body, {m.KIND: "controller"})], rt.settings.spawn_timeout
+            )
+            if (reply.headers or {}).get(m.KIND) == "error":
+                err = m.decode_error(reply.data, actor_id=name, rank=0, endpoint="__init__")
+                raise err
+            fut._set_result(loads(reply.data))
+        except BaseException as e:
+            fut._set_exception(e)
+
+    rt.run_coro(run())
+    return fut
+
+
+async def _bucket(rt: Runtime) -> Any:
+    js = rt.nc.jetstream()
+    return await js.create_key_value(bucket=bucket_name(rt.namespace), history=1)
+
+
+async def get_or_spawn_here(server: Any, msg: Msg) -> ActorMesh:
+    """At the root client: the existing controller, or a new one in this process."""
+    rt: Runtime = server.rt
+    spec = loads(msg.data)
+    name = spec["name"]
+    existing = server.controllers.get(name)
+    if existing is not None:
+        return existing
+    cls = resolve_class(spec["cls"])
+    uid = subjects.new_uid()
+    extent = Extent([], [])
+    inst = await server.spawn_instance(
+        name, uid, 0, extent, cls, tuple(spec["args"]), spec["kwargs"]
+    )
+    state = MeshState(rt, name, uid, cls, cls.__name__, extent)
+    state.proc_uids = [rt.proc_uid]
+    state.local = inst
+    state.mark_ready()
+    mesh: ActorMesh = ActorMesh(state, View.full(extent))
+    server.controllers[name] = mesh
+    try:
+        kv = await _bucket(rt)
+        await kv.create(f"{rt.proc_uid}.{name}", dumps(mesh))
+    except KeyWrongLastSequenceError:
+        log.warning("controller %s was already registered under this root", name)
+    except Exception as e:  # the registry is for inspection; the actor works without it
+        log.warning("could not record controller %s in JetStream KV: %r", name, e)
+    return mesh

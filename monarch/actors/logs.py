@@ -1,0 +1,351 @@
+"""Moving a proc's output to its owner: stdout, stderr and ``logging`` records.
+
+**Proc side.** :func:`install_forwarding` (called once by
+:mod:`monarch.actors.proc`, right after it connects) replaces ``sys.stdout``
+and ``sys.stderr`` with line-buffered writers and puts one handler on the root
+logger in place of ``logging.basicConfig``'s stderr handler. Each complete
+line, written from any thread, is tagged with the actor whose code wrote it
+(:func:`~monarch.actors.context.context`) and queued; queued lines leave within
+``FLUSH_DELAY`` seconds, in the order they were written, as messages on
+``mon.<ns>.log.<proc-uid>``::
+
+    Mon-Kind: log   Mon-Stream: stdout|stderr|log   Mon-From: <actor id or proc uid>   Mon-Rank
+    body: {"lines": [...], "actor": name, "actor_id": id, "rank": int, "point": "{'gpus': 1/4}",
+           "level": levelno (log records only), "proc": proc uid}
+
+(``actor``, ``actor_id``, ``rank`` and ``point`` are ``None`` for lines written
+outside any actor). The runtime's close flushes what is left, so lines printed
+just before a proc stops are not lost. While a line cannot be published (the
+owner asked for ``stream_to_client=False``, the runtime is closed, a publish
+failed) it goes to the proc's original stream instead, so nothing vanishes.
+
+**Client side.** A :class:`LogCollector` per proc mesh subscribes to its procs'
+log subjects before they start, and prints each line to the client's
+``sys.stdout`` (stdout lines) or ``sys.stderr`` (stderr lines and log records)
+prefixed with the actor and rank (``[trainers[2]] loss 0.5``), or with the proc
+uid for lines from outside actors. :class:`LogMode` is what
+``ProcMesh.logging_option`` sets; its defaults are Monarch's: stream to the
+client, aggregate over 3-second windows, show records of level INFO and up.
+With a window, identical lines (same text and stream) seen within it print
+once when it closes, as ``[4 similar log lines] loss 0.5``; a line seen once
+prints as usual, with its prefix. Unlike Monarch, which groups lines by edit
+distance, only identical lines are folded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import os
+import sys
+import threading
+from typing import Any
+
+from monarch.actors import messages as m
+from monarch.actors.context import Instance, context
+from monarch.actors.runtime import Runtime
+from monarch.broker import subjects
+from monarch.broker.codec import dumps
+
+log = logging.getLogger(__name__)
+
+STREAM = "Mon-Stream"
+"""Header naming the stream a log message's lines came from: stdout, stderr or log."""
+
+FLUSH_DELAY = 0.05
+"""Seconds a proc holds complete lines before publishing them as one message."""
+
+_BATCH_CHARS = 64 * 1024  # start a new message beyond this many characters of lines
+_RECORD_FORMAT = "%(levelname)s %(name)s: %(message)s"
+# Loggers of the runtime and its libraries: their records keep MONARCH_LOG_LEVEL's threshold
+# whatever level the user picks; ``monarch.actor.<name>`` (Actor.logger) is the user's.
+_INTERNAL = ("monarch", "nats", "asyncio")
+
+
+def _is_internal(name: str) -> bool:
+    if name.startswith("monarch.actor."):
+        return False
+    return any(name == p or name.startswith(p + ".") for p in _INTERNAL)
+
+
+# -- proc side -------------------------------------------------------------------
+
+_forwarder: _Forwarder | None = None
+
+
+def install_forwarding(rt: Runtime) -> None:
+    """Send this proc's stdout, stderr and log records to its owner over ``rt``; once per process.
+
+    The root logger's level drops to INFO (``LogMode``'s default) unless
+    ``MONARCH_LOG_LEVEL`` already set it lower; records of the runtime's own
+    loggers still need ``MONARCH_LOG_LEVEL`` (default WARNING) to be shown.
+    """
+    global _forwarder
+    if _forwarder is not None:
+        return
+    fw = _Forwarder(rt, sys.stdout, sys.stderr)
+    root = logging.getLogger()
+    internal_level = root.level or logging.WARNING
+    for h in list(root.handlers):  # basicConfig's: records would be printed twice
+        if isinstance(h, logging.StreamHandler) and h.stream in (sys.stdout, sys.stderr):
+            root.removeHandler(h)
+    fw.handler = _ForwardingHandler(fw, internal_level)
+    root.addHandler(fw.handler)
+    root.setLevel(min(internal_level, logging.INFO))
+    sys.stdout = fw.writers["stdout"]
+    sys.stderr = fw.writers["stderr"]
+    rt.on_close(fw.close)
+    _forwarder = fw
+
+
+def apply_mode(mode: dict[str, Any]) -> None:
+    """The owner's ``logging_option`` as it concerns this proc (runs on the loop)."""
+    if _forwarder is not None:
+        _forwarder.set_mode(bool(mode["stream_to_client"]), int(mode["level"]))
+
+
+class _Batch:
+    """Consecutive lines from one source and stream: one message."""
+
+    __slots__ = ("stream", "source", "level", "lines", "chars")
+
+    def __init__(self, stream: str, source: Instance | None, level: int | None) -> None:
+        self.stream, self.source, self.level = stream, source, level
+        self.lines: list[str] = []
+        self.chars = 0
+
+    def takes(self, stream: str, source: Instance | None, level: int | None, n: int) -> bool:
+        return (
+            stream == self.stream
+            and source is self.source
+            and level == self.level
+            and self.chars + n <= _BATCH_CHARS
+        )
+
+
+class _Forwarder:
+    """Queues lines from any thread; publishes them from the runtime's loop."""
+
+    def __init__(self, rt: Runtime, stdout: Any, stderr: Any) -> None:
+        self.rt = rt
+        self.subject = subjects.log(rt.namespace, rt.proc_uid)
+        self.proc_rank = os.environ.get("MONARCH_RANK", "0")
+        self.originals = {"stdout": stdout, "stderr": stderr, "log": stderr}
+        self.writers = {s: _LineWriter(self, s) for s in ("stdout", "stderr")}
+        self.handler: _ForwardingHandler | None = None
+        self.forwarding = True  # False: the owner asked us to keep output local
+        self.closed = False
+        self.max_line = max(1024, rt.max_payload // 8)  # characters; 4 bytes each at worst
+        self._lock = threading.Lock()
+        self._batches: list[_Batch] = []
+        self._armed = False  # a flush is scheduled or about to be
+        self._timer: asyncio.TimerHandle | None = None
+        self._reentry = threading.local()
+
+    def active(self) -> bool:
+        return self.forwarding and not self.closed
+
+    def add(self, stream: str, lines: list[str], level: int | None = None) -> None:
+        """Queue complete lines (without their newlines); any thread."""
+        if not lines:
+            return
+        if getattr(self._reentry, "on", False) or not self.active() or self.rt.loop.is_closed():
+            self._write_local(stream, lines)
+            return
+        self._reentry.on = True
+        try:
+            inst = context().actor_instance
+            source = None if inst.actor_id == "client" else inst
+            with self._lock:
+                for line in lines:
+                    if len(line) > self.max_line:
+                        cut = len(line) - self.max_line
+                        line = f"{line[: self.max_line]}... [{cut} more characters]"
+                    batch = self._batches[-1] if self._batches else None
+                    if batch is None or not batch.takes(stream, source, level, len(line)):
+                        batch = _Batch(stream, source, level)
+                        self._batches.append(batch)
+                    batch.lines.append(line)
+                    batch.chars += len(line)
+                arm, self._armed = not self._armed, True
+            if arm:
+                self.rt.call_soon(self._arm)
+        except RuntimeError:  # the loop closed under us (interpreter exit)
+            self._drain_local()
+        finally:
+            self._reentry.on = False
+
+    def _arm(self) -> None:
+        if self._timer is None and not self.closed:
+            self._timer = self.rt.loop.call_later(FLUSH_DELAY, self.flush)
+
+    def flush(self) -> None:
+        """Publish everything queued (loop only)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        with self._lock:
+            batches, self._batches, self._armed = self._batches, [], False
+        nc = self.rt.nc
+        can_publish = self.forwarding and nc is not None and not nc.is_closed
+        for b in batches:
+            if not can_publish:
+                self._write_local(b.stream, b.lines)
+                continue
+            src = b.source
+            body = {
+                "lines": b.lines,
+                "actor": src.name if src else None,
+                "actor_id": src.actor_id if src else None,
+                "rank": src.rank.rank if src else None,
+                "point": repr(src.rank) if src else None,
+                "level": b.level,
+                "proc": self.rt.proc_uid,
+            }
+            headers = {
+                m.KIND: "log",
+                STREAM: b.stream,
+                m.FROM: src.actor_id if src else self.rt.proc_uid,
+                m.RANK: str(src.rank.rank) if src else self.proc_rank,
+            }
+            self.rt.publish(
+                self.subject,
+                dumps(body),
+                headers,
+                on_error=lambda _e, b=b: self._write_local(b.stream, b.lines),
+            )
+
+    def set_mode(self, forwarding: bool, level: int) -> None:
+        self.flush()  # lines queued so far were written under the old mode
+        self.forwarding = forwarding
+        if self.handler is not None:
+            self.handler.user_level = level
+            logging.getLogger().setLevel(min(level, self.handler.internal_level))
+
+    def close(self) -> None:
+        """A runtime closer: publish partial and queued lines, then write locally from now on."""
+        for stream, writer in self.writers.items():
+            self.add(stream, writer.take_partials())
+        self.flush()
+        self.closed = True
+        for name, writer in self.writers.items():
+            if getattr(sys, name) is writer:
+                setattr(sys, name, self.originals[name])
+
+    def _drain_local(self) -> None:
+        with self._lock:
+            batches, self._batches, self._armed = self._batches, [], False
+        for b in batches:
+            self._write_local(b.stream, b.lines)
+
+    def _write_local(self, stream: str, lines: list[str]) -> None:
+        prefix = f"[{self.rt.proc_uid}] " if stream == "log" else ""
+        out = self.originals[stream]
+        try:
+            out.write("".join(f"{prefix}{line}\n" for line in lines))
+            out.flush()
+        except (OSError, ValueError):  # closed or broken stream: nowhere left to write
+            pass
+
+
+class _LineWriter(io.TextIOBase):
+    """``sys.stdout`` / ``sys.stderr`` of a proc: hands complete lines to the forwarder.
+
+    A partial line waits, per thread, for its newline (or ``flush()``), so
+    prints from different actors' threads never splice into one line.
+    """
+
+    def __init__(self, fw: _Forwarder, stream: str) -> None:
+        super().__init__()
+        self._fw = fw
+        self._stream = stream
+        self._partial: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self._fw.originals[self._stream], "encoding", None) or "utf-8"
+
+    @property
+    def errors(self) -> str:  # type: ignore[override]
+        return "strict"
+
+    @property
+    def line_buffering(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self._fw.originals[self._stream].fileno()
+
+    def write(self, s: str) -> int:
+        if not isinstance(s, str):
+            raise TypeError(f"write() argument must be str, not {type(s).__name__}")
+        tid = threading.get_ident()
+        lines: list[str] | None = None
+        with self._lock:
+            text = self._partial.pop(tid, "") + s
+            if self._fw.active():
+                lines = text.split("\n")
+                rest = lines.pop()
+                if len(rest) > self._fw.max_line:
+                    lines.append(rest)
+                elif rest:
+                    self._partial[tid] = rest
+        if lines is None:  # output stays local: pass it through untouched
+            self._write_raw(text)
+        else:
+            self._fw.add(self._stream, [line.removesuffix("\r") for line in lines])
+        return len(s)
+
+    def _write_raw(self, text: str) -> None:
+        try:
+            self._fw.originals[self._stream].write(text)
+        except (OSError, ValueError):
+            pass
+
+    def flush(self) -> None:
+        with self._lock:
+            rest = self._partial.pop(threading.get_ident(), "")
+        if rest:
+            self._fw.add(self._stream, [rest])
+        if not self._fw.active():
+            try:
+                self._fw.originals[self._stream].flush()
+            except (OSError, ValueError):
+                pass
+
+    def take_partials(self) -> list[str]:
+        with self._lock:
+            rest, self._partial = list(self._partial.values()), {}
+        return rest
+
+
+class _ForwardingHandler(logging.Handler):
+    """The root logger's handler in a proc: each record becomes lines of the ``log`` stream."""
+
+    def __init__(self, fw: _Forwarder, internal_level: int) -> None:
+        super().__init__()
+        self.fw = fw
+        self.internal_level = internal_level
+        self.user_level = logging.INFO
+        self.setFormatter(logging.Formatter(_RECORD_FORMAT))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if _is_internal(record.name):
+            if record.levelno < self.internal_level:
+                return
+        elif record.levelno < self.user_level:
+            return
+        try:
+            text = self.format(record)
+        except Exception:
+            self.handleError(record)
+            return
+        self.fw.add("log", text.split("\n"), record.levelno)

@@ -1,0 +1,145 @@
+"""Ports and channels: one-way mailboxes that can be handed to other actors.
+
+``Channel.open()`` gives a :class:`Port` (a small picklable address: a subject
+on the owner's ``mon.<ns>.port.<proc-uid>.*`` subscription) and the
+:class:`PortReceiver` that reads what is sent to it. Anyone holding the port,
+in any process, can ``send`` values or an ``exception``; the receiver's
+``recv()`` returns a future of the next one, in arrival order. A port
+opened with ``once=True`` closes after its first message.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Generic, TypeVar
+
+from monarch.actors import messages as m
+from monarch.actors.context import context, sender_id
+from monarch.actors.errors import ActorError
+from monarch.actors.future import Future
+from monarch.actors.runtime import Runtime, runtime
+from monarch.broker.codec import dumps, register_ext
+
+R = TypeVar("R")
+
+
+class Port(Generic[R]):
+    """Where to send values. Picklable; pass it to other actors freely."""
+
+    __slots__ = ("subject", "rank")
+
+    def __init__(self, subject: str, rank: int | None = None) -> None:
+        self.subject = subject
+        self.rank = rank  # the rank replies carry (set for a call's response port)
+
+    def _sender_rank(self) -> int:
+        if self.rank is not None:
+            return self.rank
+        return context().actor_instance.rank.rank
+
+    def send(self, value: R) -> None:
+        """Send ``value`` (encoded here, so a bad value fails at the sender)."""
+        self._post("reply", dumps(value))
+
+    def exception(self, exc: BaseException) -> None:
+        """Make the receiver's ``recv()`` raise ``exc``."""
+        self._post("error", m.encode_error(exc))
+
+    def _post(self, kind: str, body: bytes) -> None:
+        if not self.subject:
+            return  # the port of a message nobody waits for (a broadcast): drop
+        rt = runtime()
+        headers = {m.KIND: kind, m.RANK: str(self._sender_rank()), m.FROM: sender_id()}
+        rt.call_soon(rt.publish, self.subject, body, headers)
+
+    def __repr__(self) -> str:
+        return f"Port({self.subject!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Port) and other.subject == self.subject
+
+    def __hash__(self) -> int:
+        return hash(self.subject)
+
+
+class PortReceiver(Generic[R]):
+    """Reads the values sent to one port, in arrival order."""
+
+    def __init__(self, rt: Runtime, once: bool = False, ranked: bool = False) -> None:
+        self._rt = rt
+        self._once = once
+        self._ranked = ranked
+        self._arrived: collections.deque = collections.deque()  # (ok, rank, value)
+        self._waiting: collections.deque[Future] = collections.deque()
+        self._closed = False
+        self._port_id, self.subject = rt.open_port(self._on_msg)
+
+    def _on_msg(self, msg: Any) -> None:  # on the loop
+        if self._closed:
+            return
+        headers = msg.headers or {}
+        try:
+            rank = int(headers.get(m.RANK, "0"))
+        except ValueError:
+            rank = 0
+        try:
+            ok, value = m.decode_reply(msg)
+            if not ok:
+                value = m.decode_error(
+                    value, actor_id=headers.get(m.FROM, ""), rank=rank, endpoint=""
+                )
+                if isinstance(value, ActorError) and not isinstance(value.exception, ActorError):
+                    value = value.exception  # Port.exception(e) makes recv() raise e itself
+        except Exception as e:
+            ok, value = False, e
+        if self._once:
+            self.close()
+        if self._waiting:
+            self._complete(self._waiting.popleft(), ok, rank, value)
+        else:
+            self._arrived.append((ok, rank, value))
+
+    def _complete(self, fut: Future, ok: bool, rank: int, value: Any) -> None:
+        if ok:
+            fut._set_result((rank, value) if self._ranked else value)
+        else:
+            fut._set_exception(value)
+
+    def recv(self) -> Future[R]:
+        """A future of the next value (or exception) sent to the port."""
+        fut: Future = Future()
+
+        def take() -> None:
+            if self._arrived:
+                self._complete(fut, *self._arrived.popleft())
+            else:
+                self._waiting.append(fut)
+
+        self._rt.call_soon(take)
+        return fut
+
+    def close(self) -> None:
+        self._closed = True
+        self._rt.call_soon(self._rt.close_port, self._port_id)
+
+    def ranked(self) -> PortReceiver:
+        self._ranked = True
+        return self
+
+
+class Channel(Generic[R]):
+    """Opens ports: ``port, receiver = Channel.open()``."""
+
+    @staticmethod
+    def open(once: bool = False) -> tuple[Port[R], PortReceiver[R]]:
+        receiver: PortReceiver[R] = PortReceiver(runtime(), once=once)
+        return Port(receiver.subject), receiver
+
+    @staticmethod
+    def open_ranked(once: bool = False) -> tuple[Port[R], PortReceiver[tuple[int, R]]]:
+        """Like :meth:`open`, but ``recv()`` gives ``(rank, value)`` with the sender's rank."""
+        receiver: PortReceiver = PortReceiver(runtime(), once=once, ranked=True)
+        return Port(receiver.subject), receiver
+
+
+register_ext(17, Port, lambda p: [p.subject, p.rank], lambda f: Port(f[0], f[1]))
