@@ -45,8 +45,10 @@ from monarch.actors.ports import Channel, Port, PortReceiver
 from monarch.actors.proc_mesh import ProcMesh, this_proc
 from monarch.actors.runtime import shutdown_context
 from monarch.actors.shape import Extent, Point
+from monarch.actors.supervisor import default_unhandled_fault_hook as unhandled_fault_hook
 from monarch.actors.value_mesh import ValueMesh
 from monarch.broker import config
+from monarch.supervision.failure import MeshFailure
 
 __all__ = [
     "Accumulator",
@@ -60,6 +62,7 @@ __all__ = [
     "Extent",
     "Future",
     "HostMesh",
+    "MeshFailure",
     "Instance",
     "MeshStoppedError",
     "MessageTooLargeError",
@@ -96,4 +99,5 @@ __all__ = [
     "sim_proc_mesh",
     "this_host",
     "this_proc",
+    "unhandled_fault_hook",
 ]

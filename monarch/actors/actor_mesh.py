@@ -66,6 +66,8 @@ class MeshState:
         self.inflight: set[Gather] = set()
         self.proc_uids: list[str] = []  # per rank, where known (owner side)
         self.local: Any = None  # the ActorInstance when the whole mesh is in this process
+        self.owner_proc = rt.proc_uid  # where the owner lives, and who it is
+        self.owner_actor = "client"
         rt.mesh_states[uid] = self
 
     def actor_id(self, rank: int) -> str:
@@ -154,6 +156,9 @@ class MeshState:
             rt.publish(
                 subjects.actor(ns, self.name, self.uid, toks), body, headers, reply, on_error
             )
+
+    async def stop(self) -> None:
+        await self.stop_actors()
 
     async def stop_actors(self) -> None:
         """Ask each proc hosting this mesh to stop its actor (owner side)."""

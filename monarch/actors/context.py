@@ -26,6 +26,7 @@ class Instance:
         self.proc_uid = proc_uid
         self._stop = _stop
         self._actor: Any = None
+        self.owned: list[Any] = []  # meshes this actor spawned; stopped before it cleans up
 
     @property
     def proc(self) -> Any:

@@ -50,6 +50,9 @@ class HostMesh(MeshShapeOps):
         state = ProcMeshState(rt, name, extent, LocalLauncher(rt.loop))
         rt.on_close(state.shutdown)
         rt.run_coro(_start_quietly(state))
+        from monarch.actors.proc_mesh import _owned_by_caller
+
+        _owned_by_caller(state)
         return ProcMesh(state, View.full(extent))
 
     async def __aenter__(self) -> HostMesh:

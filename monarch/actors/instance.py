@@ -32,10 +32,38 @@ from monarch.actors.ports import Port
 from monarch.actors.runtime import Runtime
 from monarch.actors.shape import Extent, Point
 from monarch.broker.codec import CodecError, dumps, loads
+from monarch.supervision.failure import SupervisionFailure
 
 log = logging.getLogger(__name__)
 
 _STOP = object()
+
+
+class _Supervise:
+    __slots__ = ("failure",)
+
+    def __init__(self, failure: Any) -> None:
+        self.failure = failure
+
+
+def _wrap(failure: Any, exc: BaseException) -> Any:
+    """A failure raised while handling ``failure``: a new failure whose cause is that one."""
+    from monarch.supervision.failure import MeshFailure
+
+    return MeshFailure(
+        failure.mesh_name, failure.mesh_uid, failure.ranks, "supervise_raised",
+        f"__supervise__ raised {type(exc).__name__}: {exc}", cause=failure, exception=exc,
+    )  # fmt: skip
+
+
+def _with_traceback(err: Any) -> BaseException:
+    """The endpoint's exception, keeping the remote traceback text for the report."""
+    exc = err.exception
+    try:
+        exc._monarch_traceback = err.traceback
+    except Exception:
+        pass
+    return exc
 ADHOC = "Mon-Adhoc"  # header: the caller used as_endpoint() on a plain method
 
 
@@ -66,6 +94,8 @@ class ActorInstance:
         self.failed: BaseException | None = None
         self.on_failure: Callable[[ActorInstance, BaseException], None] | None = None
         self.on_stopped: Callable[[ActorInstance], None] | None = None
+        self.owner_proc = ""  # where this actor's owner lives (the proc uid)
+        self.owner_actor = ""  # the owner's actor id ("client" for the root)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"actor-{name}-{rank}")
         self._mailbox: asyncio.Queue = asyncio.Queue()
         self._task: asyncio.Task | None = None
@@ -98,6 +128,34 @@ class ActorInstance:
             return
         self._mailbox.put_nowait(msg)
 
+    def supervise(self, failure: Any) -> None:
+        """A mesh this actor owns failed: run ``__supervise__`` in mailbox order."""
+        if self._done or self.failed is not None:
+            return
+        self._mailbox.put_nowait(_Supervise(failure))
+
+    async def _run_supervise(self, failure: Any) -> None:
+        hook = getattr(self.obj, "__supervise__", None)
+        handled = False
+        try:
+            if hook is not None:
+                if asyncio.iscoroutinefunction(hook):
+                    handled = bool(await hook(failure))
+                else:
+                    handled = bool(
+                        await self.rt.loop.run_in_executor(self._thread, self._call_in_context, hook, failure)
+                    )
+        except Exception as e:  # raising is a new failure, caused by the one being handled
+            e.__cause__ = SupervisionFailure(failure)
+            self.fail(SupervisionFailure(_wrap(failure, e)))
+            return
+        if not handled:
+            self.fail(SupervisionFailure(failure))
+
+    def _call_in_context(self, fn: Callable[..., Any], *args: Any) -> Any:
+        set_context(Context(self.info, self.point))
+        return fn(*args)
+
     def request_stop(self) -> None:
         """``context().actor_instance.stop()``: stop after the current message."""
         self._stop_requested = True
@@ -122,12 +180,22 @@ class ActorInstance:
         await self._cancel_concurrent()
         while not self._mailbox.empty():
             left = self._mailbox.get_nowait()
-            if left is not _STOP:
+            if hasattr(left, "data"):  # a message, not a sentinel
                 self._refuse(left)
+        await self._stop_owned()
         await self._cleanup(exc)
         self._thread.shutdown(wait=False)
         if self.on_stopped is not None:
             self.on_stopped(self)
+
+    async def _stop_owned(self) -> None:
+        """Meshes this actor spawned stop before it cleans up (children first)."""
+        for owned in reversed(self.info.owned):
+            try:
+                await owned.stop()
+            except Exception:
+                log.exception("stopping a mesh owned by %s failed", self.actor_id)
+        self.info.owned.clear()
 
     async def _unsubscribe(self) -> None:
         subs, self.subscriptions = self.subscriptions, []
@@ -165,13 +233,15 @@ class ActorInstance:
         self.rt.loop.create_task(self._after_failure(exc))
 
     async def _after_failure(self, exc: BaseException) -> None:
-        await self._unsubscribe()
+        # Subscriptions stay: until the actor is stopped, callers get a clear
+        # SupervisionError instead of silence.
         await self._cancel_concurrent()
         while not self._mailbox.empty():
             left = self._mailbox.get_nowait()
-            if left is not _STOP:
+            if hasattr(left, "data"):
                 self._refuse(left)
         self._done = True
+        await self._stop_owned()
         await self._cleanup(exc)
         self._thread.shutdown(wait=False)
         if self.on_failure is not None:
@@ -184,6 +254,10 @@ class ActorInstance:
             msg = await self._mailbox.get()
             if msg is _STOP:
                 return
+            if isinstance(msg, _Supervise):
+                if self.failed is None:
+                    await self._run_supervise(msg.failure)
+                continue
             if self.failed is not None:
                 self._refuse(msg)
                 continue
@@ -272,11 +346,13 @@ class ActorInstance:
         body = m.encode_error(e)
         if prop.explicit_response_port:
             # Nobody waits for a return value here: the exception escapes the actor.
-            self.fail(e)
+            self.rt.call_soon(self.fail, e)
         return False, body
 
     def _respond(self, msg: Msg, ok: bool, body: bytes, prop: EndpointProperty | None) -> None:
         if prop is not None and prop.explicit_response_port:
+            if not ok and msg.reply:
+                self._refuse(msg)  # the caller learns the actor failed, instead of waiting
             return  # the endpoint answers through its port
         if not msg.reply:
             if not ok and prop is not None:

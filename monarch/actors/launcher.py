@@ -30,6 +30,7 @@ class ProcHandle:
     rank: int
     popen: subprocess.Popen | None = None
     returncode: int | None = None
+    lost: bool = False  # its failure was already reported
     exited: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -51,6 +52,7 @@ def proc_env(extent: Extent, rank: int) -> dict[str, str]:
     rt = current_runtime_or_none()
     if rt is not None:
         env["MONARCH_ROOT_PROC"] = rt.root_uid
+        env["MONARCH_OWNER_PROC"] = rt.proc_uid  # the proc exits if this process dies
     for label, c in zip(extent.labels, point):
         env[f"MONARCH_POINT_{label.upper()}"] = str(c)
     if "gpus" in extent.labels and "CUDA_VISIBLE_DEVICES" not in os.environ:

@@ -21,6 +21,7 @@ from nats.aio.msg import Msg
 from monarch.actors import messages as m
 from monarch.actors.actor import resolve_class
 from monarch.actors.instance import ActorInstance
+from monarch.actors.logs import apply_mode, install_forwarding
 from monarch.actors.runtime import Runtime, install_runtime, new_event_loop
 from monarch.actors.shape import Extent
 from monarch.broker import subjects
@@ -75,6 +76,7 @@ class ProcServer:
         spec = loads(msg.data)
         rank = int((msg.headers or {})[m.RANK])
         extent = Extent(spec["labels"], spec["sizes"])
+        owner_proc, owner_actor = spec.get("owner") or (self.rt.root_uid, "client")
         await self.spawn_instance(
             spec["name"],
             spec["uid"],
@@ -83,13 +85,23 @@ class ProcServer:
             resolve_class(spec["cls"]),
             tuple(spec["args"]),
             spec["kwargs"],
+            owner=(owner_proc, owner_actor),
         )
 
     async def spawn_instance(
-        self, name: str, uid: str, rank: int, extent: Extent, cls: type, args: tuple, kwargs: dict
+        self,
+        name: str,
+        uid: str,
+        rank: int,
+        extent: Extent,
+        cls: type,
+        args: tuple,
+        kwargs: dict,
+        owner: tuple[str, str] | None = None,
     ) -> ActorInstance:
         """Construct one actor here and subscribe it to its 2^d subjects."""
         inst = ActorInstance(self.rt, name=name, uid=uid, rank=rank, extent=extent, cls=cls)
+        inst.owner_proc, inst.owner_actor = owner or (self.rt.proc_uid, "client")
         await inst.construct(args, kwargs)
         inst.on_stopped = self._forget
         inst.on_failure = self._actor_failed
@@ -103,11 +115,20 @@ class ProcServer:
         if self.actors.get(inst.uid) is inst:
             del self.actors[inst.uid]
 
+    def find(self, actor_id: str) -> ActorInstance | None:
+        """The live actor of this process with that id (owners are looked up this way)."""
+        for inst in self.actors.values():
+            if inst.actor_id == actor_id:
+                return inst
+        return None
+
     def _actor_failed(self, inst: ActorInstance, exc: BaseException) -> None:
-        self._forget(inst)
         hook = getattr(self.rt, "on_actor_failure", None)
         if hook is not None:
             hook(inst, exc)
+
+    async def _on_log_mode(self, msg: Msg) -> None:
+        apply_mode(loads(msg.data))  # the owner's ProcMesh.logging_option
 
     async def _on_stop_mesh(self, msg: Msg) -> None:
         uid = loads(msg.data)
@@ -154,6 +175,10 @@ async def serve(uid: str, ready: str, url: str) -> None:
     rt.root_uid = os.environ.get("MONARCH_ROOT_PROC") or uid
     install_runtime(rt)
     await rt.connect(url)
+    install_forwarding(rt)
+    from monarch.actors.supervisor import start_supervision
+
+    await start_supervision(rt, create_streams=False, owner_proc=os.environ.get("MONARCH_OWNER_PROC"))
     server = local_server(rt)
     rt.publish(ready, dumps(os.getpid()), {m.KIND: "ready", m.FROM: uid})
     await server.stopped.wait()

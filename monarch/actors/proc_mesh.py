@@ -16,15 +16,19 @@ from typing import Any, TypeVar
 from monarch.actors import messages as m
 from monarch.actors.actor import check_actor_class, class_ref
 from monarch.actors.actor_mesh import ActorMesh, MeshState, spawn_error
+from monarch.actors.context import _current, sender_id
 from monarch.actors.errors import MeshStoppedError, ProcStartError, SupervisionError
 from monarch.actors.future import Future
 from monarch.actors.launcher import LocalLauncher, ProcHandle
+from monarch.actors.logs import LogCollector, LogMode
 from monarch.actors.mesh_ops import MeshShapeOps
 from monarch.actors.rpc import request_all
 from monarch.actors.runtime import Runtime
 from monarch.actors.shape import Extent, View
+from monarch.actors.supervisor import supervisor_of
 from monarch.broker import subjects
 from monarch.broker.codec import PicklingForbiddenError, dumps
+from monarch.supervision.failure import MeshFailure
 
 log = logging.getLogger(__name__)
 A = TypeVar("A")
@@ -46,6 +50,8 @@ class ProcMeshState:
         self.actor_meshes: list[tuple[MeshState, list[int]]] = []
         self.stopping = False
         self.stopped: Future[None] | None = None
+        self.spawning: set[asyncio.Task] = set()
+        self.logs = LogCollector(rt, name)  # prints the procs' output here
 
     async def start(self) -> None:
         n = self.extent.nelements
@@ -53,6 +59,7 @@ class ProcMeshState:
         self._ready_count = 0
         try:
             uids = [f"{self.name}-{self.uid}-{r}" for r in range(n)]
+            await self.logs.start(uids)  # before launch, so no early line is lost
             self.procs = await self.launcher.launch(
                 uids, subject, self.extent, on_exit=self._on_exit
             )
@@ -64,6 +71,7 @@ class ProcMeshState:
                 if self.dead.done():
                     raise self.dead.exception()  # type: ignore[misc]
                 raise ProcStartError(f"procs of {self.name!r} not ready after {timeout} s")
+            await self._watch()
         except BaseException as e:
             if not self.ready.done():
                 self.ready.set_exception(e)
@@ -86,20 +94,52 @@ class ProcMeshState:
         handle.returncode = code
         if self.stopping:
             return
-        reason = SupervisionError(
-            f"proc {handle.uid} (rank {handle.rank} of proc mesh {self.name!r}) exited with "
-            f"code {code}",
+        sup = supervisor_of(self.rt)
+        if sup is not None:
+            sup.announce_exit(handle.uid, f"its process exited with code {code}")
+        self._proc_lost(handle, "proc_died", f"its process exited with code {code}")
+
+    def _proc_lost(self, handle: ProcHandle, reason: str, why: str) -> None:
+        """Fail every actor on ``handle``'s proc: in-flight calls raise, owners hear of it."""
+        if handle.lost or self.stopping:
+            return
+        handle.lost = True
+        if not self.ready.done() and not self.dead.done():
+            err = ProcStartError(f"proc {handle.uid} ended before it was ready: {why}")
+            self.dead.set_exception(err)
+            self.dead.exception()
+        exc = SupervisionError(
+            f"proc {handle.uid} (rank {handle.rank} of proc mesh {self.name!r}) is gone: {why}",
             actor_id=handle.uid,
             rank=handle.rank,
         )
-        if not self.ready.done() and not self.dead.done():
-            err = ProcStartError(f"proc {handle.uid} exited with code {code} before it was ready")
-            self.dead.set_exception(err)
-            self.dead.exception()
+        sup = supervisor_of(self.rt)
         for mesh_state, proc_ranks in self.actor_meshes:
             ranks = [i for i, pr in enumerate(proc_ranks) if pr == handle.rank]
-            if ranks:
-                mesh_state.mark_dead(ranks, reason)
+            if not ranks:
+                continue
+            mesh_state.mark_dead(ranks, exc)
+            if sup is not None:
+                failure = MeshFailure(
+                    mesh_state.name, mesh_state.uid, ranks, reason,
+                    f"proc {handle.uid} hosting rank(s) {ranks} is gone: {why}",
+                )  # fmt: skip
+                sup.report(mesh_state.owner_proc, mesh_state.owner_actor, failure)
+        if handle.returncode is None and handle.popen is not None:
+            handle.popen.kill()  # declared dead while maybe still running: no orphans
+
+    async def _watch(self) -> None:
+        """Owners also watch heartbeats: a silent (hung, stopped, cut off) proc is dead too."""
+        sup = supervisor_of(self.rt)
+        if sup is None:
+            return
+        for h in self.procs:
+
+            def lost(uid: str, why: str, h: ProcHandle = h) -> None:
+                if h.returncode is None:  # an exit is reported by the reaper, with its code
+                    self._proc_lost(h, "heartbeat_lost", why)
+
+            await sup.watcher.watch(h.uid, lost)
 
     async def spawn_actors(self, mesh_state: MeshState, proc_ranks: list[int], body: bytes) -> None:
         try:
@@ -125,6 +165,14 @@ class ProcMeshState:
                     raise spawn_error(mesh_state.name, rank, err)
         except BaseException as e:
             mesh_state.mark_failed(e)
+            sup = supervisor_of(self.rt)
+            if sup is not None and not isinstance(e, MeshStoppedError):
+                cause = getattr(e, "__cause__", None)
+                failure = MeshFailure(
+                    mesh_state.name, mesh_state.uid, list(range(len(proc_ranks))), "init_failed",
+                    str(e), exception=e, traceback=getattr(cause, "traceback", ""),
+                )  # fmt: skip
+                sup.report(mesh_state.owner_proc, mesh_state.owner_actor, failure)
             return
         mesh_state.proc_uids = [self.procs[pr].uid for pr in proc_ranks]
         self._bind_local(mesh_state)
@@ -139,8 +187,12 @@ class ProcMeshState:
         Waits for a start that is still under way, so procs that come up
         after ``stop()`` was called are stopped too.
         """
-        self.stopping = True
         await self.launched.wait()
+        # Spawns already asked for complete first, so messages queued behind
+        # them are delivered before the procs are told to stop.
+        if self.spawning:
+            await asyncio.wait(list(self.spawning), timeout=self.rt.settings.spawn_timeout)
+        self.stopping = True
         procs = self.procs if procs is None else procs
         for mesh_state, _ in self.actor_meshes:
             mesh_state.mark_stopped("its proc mesh was stopped")
@@ -154,6 +206,7 @@ class ProcMeshState:
             except Exception as e:
                 log.warning("graceful stop of %r incomplete: %s", self.name, e)
         await self.launcher.wait_or_kill(live, timeout=5.0)
+        await self.logs.stop()
 
     async def shutdown(self) -> None:
         """At client exit: stop whatever is still running, quickly."""
@@ -165,6 +218,7 @@ class ProcMeshState:
     async def kill(self) -> None:
         self.stopping = True
         await self.launcher.wait_or_kill([p for p in self.procs if p.returncode is None], timeout=0)
+        await self.logs.stop()
 
 
 class LocalProcMeshState(ProcMeshState):
@@ -193,6 +247,13 @@ class LocalProcMeshState(ProcMeshState):
 
     async def shutdown(self) -> None:
         await self.stop()
+
+
+def _owned_by_caller(mesh: Any) -> None:
+    """Inside an actor, what it spawns is stopped before the actor cleans up."""
+    ctx = _current.get()
+    if ctx is not None:
+        ctx.actor_instance.owned.append(mesh)
 
 
 class ProcMesh(MeshShapeOps):
@@ -251,6 +312,7 @@ class ProcMesh(MeshShapeOps):
             "kwargs": kwargs,
             "labels": extent.labels,
             "sizes": extent.sizes,
+            "owner": [st.rt.proc_uid, sender_id()],
         }
         if not isinstance(spec["cls"], str) and not st.rt.settings.pickle:
             raise PicklingForbiddenError(
@@ -260,14 +322,36 @@ class ProcMesh(MeshShapeOps):
             )
         body = dumps(spec)
         mesh_state = MeshState(st.rt, name, mesh_uid, cls, cls.__name__, extent)
+        mesh_state.owner_proc, mesh_state.owner_actor = st.rt.proc_uid, sender_id()
+        _owned_by_caller(mesh_state)
         proc_ranks = list(view.ranks)
 
         def register() -> None:
             st.actor_meshes.append((mesh_state, proc_ranks))
-            st.rt.loop.create_task(st.spawn_actors(mesh_state, proc_ranks, body))
+            task = st.rt.loop.create_task(st.spawn_actors(mesh_state, proc_ranks, body))
+            st.spawning.add(task)
+            task.add_done_callback(st.spawning.discard)
 
         st.rt.call_soon(register)
         return ActorMesh(mesh_state, View.full(extent))
+
+    def logging_option(
+        self,
+        stream_to_client: bool = True,
+        aggregate_window_sec: int | None = 3,
+        level: int = logging.INFO,
+    ) -> None:
+        """How the procs' stdout, stderr and log records reach this client (as in Monarch).
+
+        Lines print here prefixed with actor and rank; with a window, identical
+        lines from many ranks print once as ``[N similar log lines] text``.
+        Records below ``level`` are dropped; ``stream_to_client=False`` keeps
+        output on each proc's own streams. The defaults are also the mode a
+        new proc mesh starts in. Applies to the whole proc mesh; blocks until
+        its procs have applied it. See :mod:`monarch.actors.logs`.
+        """
+        st = self._state
+        st.logs.set_mode(LogMode(stream_to_client, aggregate_window_sec, level), st.ready)
 
     def stop(self) -> Future[None]:
         """Stop every actor and process of this mesh; completes when they are gone."""

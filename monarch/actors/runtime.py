@@ -316,9 +316,11 @@ def _start_client_runtime() -> None:
 
 async def _connect_client(rt: Runtime, url: str) -> None:
     await rt.connect(url)
-    # The root also serves control messages: this_proc() actors, controllers.
     from monarch.actors.proc import local_server
+    from monarch.actors.supervisor import start_supervision
 
+    await start_supervision(rt, create_streams=True, owner_proc=None)
+    # The root also serves control messages: this_proc() actors, controllers.
     local_server(rt)
 
 

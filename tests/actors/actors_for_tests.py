@@ -95,3 +95,42 @@ class Big(Actor):
     @endpoint
     def length(self, data: bytes) -> int:
         return len(data)
+
+
+class Printer(Actor):
+    """Writes to stdout, stderr and logging from its endpoints (log forwarding tests)."""
+
+    def __init__(self, farewell: str = "") -> None:
+        self.farewell = farewell
+
+    @endpoint
+    def say(self, text: str, rank_suffix: bool = False) -> None:
+        print(f"{text} {current_rank().rank}" if rank_suffix else text)
+
+    @endpoint
+    def say_err(self, text: str) -> None:
+        print(text, file=sys.stderr)
+
+    @endpoint
+    async def say_async(self, text: str) -> None:
+        print(text)
+
+    @endpoint
+    def warn(self, text: str) -> None:
+        self.logger.warning(text)
+
+    @endpoint
+    def info(self, text: str) -> None:
+        self.logger.info(text)
+
+    @endpoint
+    def say_from_thread(self, text: str) -> None:
+        import threading
+
+        t = threading.Thread(target=print, args=(text,))  # runs outside any actor's context
+        t.start()
+        t.join()
+
+    def __cleanup__(self, exc) -> None:
+        if self.farewell:
+            print(self.farewell)

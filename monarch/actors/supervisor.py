@@ -1,0 +1,199 @@
+"""The owner tree: failures flow from where they are seen to the mesh's owner.
+
+Every mesh has one owner actor (the client is the root). Whoever notices a
+failure (the proc whose actor failed, the reaper of an exited process, a
+heartbeat watcher) builds a :class:`MeshFailure` and sends it to the owner's
+process on ``mon.<ns>.sup.<owner-proc-uid>`` (captured by the supervision
+JetStream stream, so it can be read back), or hands it over directly when
+the owner lives in the same process. There:
+
+* the mesh's ranks are marked dead, so calls in flight or new raise
+  :class:`SupervisionError`;
+* an owner actor's ``__supervise__(failure)`` runs (in its mailbox order);
+  truthy means handled; otherwise the owner fails too, its own meshes stop,
+  and the failure moves up, with this one as its cause;
+* at the root, ``monarch.actor.unhandled_fault_hook(failure)`` runs (by
+  default: print the report and exit non-zero).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import traceback
+from typing import Any
+
+from monarch.actors.errors import SupervisionError
+from monarch.actors.runtime import Runtime
+from monarch.broker import subjects
+from monarch.broker.codec import dumps, loads
+from monarch.supervision.failure import MeshFailure, SupervisionFailure
+from monarch.supervision.liveness import Heartbeater, Watcher, announce_dead
+from monarch.supervision.streams import ensure_streams
+
+log = logging.getLogger(__name__)
+
+ROOT_ACTOR = "client"
+
+
+def default_unhandled_fault_hook(failure: MeshFailure) -> None:
+    """Print the failure and exit the client with status 1."""
+    print(f"Unhandled monarch failure:\n{failure.report()}", file=sys.stderr, flush=True)
+    from monarch.actors.runtime import shutdown_runtime
+
+    done = threading.Thread(target=shutdown_runtime, daemon=True)
+    done.start()
+    done.join(10)
+    os._exit(1)
+
+
+def current_fault_hook() -> Any:
+    facade = sys.modules.get("monarch.actor")
+    hook = getattr(facade, "unhandled_fault_hook", None) if facade is not None else None
+    return hook if hook is not None else default_unhandled_fault_hook
+
+
+class Supervisor:
+    """One per runtime: heartbeats, liveness watching, and failure routing."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        cfg = rt.settings
+        self.heartbeater = Heartbeater(rt.nc, rt.namespace, rt.proc_uid, cfg.heartbeat_interval)
+        self.watcher = Watcher(rt.nc, rt.namespace, cfg.heartbeat_timeout, rt.subscribe_mesh)
+        self._reported: set[tuple[str, int]] = set()
+        self._sub: Any = None
+
+    async def start(self, *, create_streams: bool) -> None:
+        if create_streams:
+            await ensure_streams(self.rt.nc, self.rt.namespace)
+        self._sub = await self.rt.subscribe_mesh(
+            subjects.supervision(self.rt.namespace, self.rt.proc_uid), self._on_event
+        )
+        self.heartbeater.start()
+
+    async def stop(self) -> None:
+        await self.heartbeater.stop()
+        await self.watcher.stop()
+
+    # -- reporting ------------------------------------------------------------
+
+    def report(self, owner_proc: str, owner_actor: str, failure: MeshFailure) -> None:
+        """Send ``failure`` to its owner (loop only). Each (mesh, rank) is reported once."""
+        fresh = [r for r in failure.ranks if (failure.mesh_uid, r) not in self._reported]
+        if not fresh:
+            return
+        self._reported.update((failure.mesh_uid, r) for r in fresh)
+        failure.ranks = fresh
+        failure.owner = owner_actor
+        body = dumps(failure.to_wire())
+        headers = {
+            "Mon-Kind": "failure",
+            "Mon-Mesh": failure.mesh_name,
+            "Mon-Reason": failure.reason,
+            "Mon-Owner": owner_actor,
+            "Mon-From": self.rt.proc_uid,
+        }
+        subject = subjects.supervision(self.rt.namespace, owner_proc)
+        if owner_proc == self.rt.proc_uid:
+            # Same process: handle now, and record it in the stream for inspection.
+            self.rt._outbox.append((subject, body, "", headers, None))
+            self.rt._outbox_wakeup.set()
+            self.dispatch(failure)
+        else:
+            self.rt.publish(subject, body, headers)
+
+    def announce_exit(self, proc_uid: str, reason: str) -> None:
+        """Whoever reaped a process tells its watchers at once."""
+        self.rt.loop.create_task(announce_dead(self.rt.nc, self.rt.namespace, proc_uid, reason))
+
+    def _on_event(self, msg: Any) -> None:
+        try:
+            failure = MeshFailure.from_wire(loads(msg.data))
+        except Exception as e:
+            log.warning("malformed supervision event on %s: %r", msg.subject, e)
+            return
+        self.dispatch(failure)
+
+    # -- handling at the owner ------------------------------------------------------
+
+    def dispatch(self, failure: MeshFailure) -> None:
+        st = self.rt.mesh_states.get(failure.mesh_uid)
+        if st is not None:
+            st.mark_dead(
+                failure.ranks,
+                SupervisionError(
+                    f"actor mesh {failure.mesh_name!r} rank(s) {failure.ranks} failed: "
+                    f"{failure.message}",
+                    actor_id=f"{failure.mesh_name}.{failure.mesh_uid}",
+                    rank=failure.ranks[0] if failure.ranks else None,
+                ),
+            )
+        owner = failure.owner
+        if owner == ROOT_ACTOR or not owner:
+            self._at_root(failure)
+            return
+        from monarch.actors.proc import local_server
+
+        inst = local_server(self.rt).find(owner)
+        if inst is None:
+            log.error("owner %s of failed mesh %s is gone:\n%s", owner, failure.mesh_name, failure.report())
+            return
+        inst.supervise(failure)
+
+    def _at_root(self, failure: MeshFailure) -> None:
+        hook = current_fault_hook()
+
+        def run() -> None:
+            try:
+                hook(failure)
+            except Exception:
+                traceback.print_exc()
+
+        threading.Thread(target=run, name="monarch-fault-hook", daemon=True).start()
+
+    def actor_failed(self, inst: Any, exc: BaseException) -> None:
+        """An actor of this proc failed: tell its owner."""
+        cause = exc.failure if isinstance(exc, SupervisionFailure) else None
+        tb = ""
+        if cause is None:
+            tb = getattr(exc, "_monarch_traceback", None) or "".join(
+                traceback.format_exception(type(exc), exc, exc.__traceback__)
+            )
+        failure = MeshFailure(
+            inst.name,
+            inst.uid,
+            [inst.rank],
+            "owner_failed" if cause is not None else "actor_failed",
+            f"{inst.actor_id} failed: {type(exc).__name__}: {exc}" if cause is None
+            else f"{inst.actor_id} did not handle a failure of a mesh it owns",
+            cause=cause,
+            exception=exc,
+            traceback=tb,
+        )
+        self.report(inst.owner_proc, inst.owner_actor, failure)
+
+
+def supervisor_of(rt: Runtime) -> Supervisor | None:
+    return getattr(rt, "supervisor", None)
+
+
+async def start_supervision(rt: Runtime, *, create_streams: bool, owner_proc: str | None) -> Supervisor:
+    """Heartbeat, route failures, and (in a proc) exit when the owner's process is gone."""
+    sup = Supervisor(rt)
+    rt.supervisor = sup  # type: ignore[attr-defined]
+    rt.on_actor_failure = sup.actor_failed  # type: ignore[attr-defined]
+    await sup.start(create_streams=create_streams)
+    rt.on_close(sup.stop)
+    if owner_proc:
+
+        def owner_gone(uid: str, reason: str) -> None:
+            # No orphans: a proc whose owner died has nobody to serve.
+            print(f"monarch proc {rt.proc_uid}: owner {uid} is gone ({reason}); exiting",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            os._exit(3)
+
+        await sup.watcher.watch(owner_proc, owner_gone)
+    return sup

@@ -1,0 +1,154 @@
+"""Local memory that the rdma layer reads from or writes into, checked once.
+
+``as_memory(obj)`` accepts what Monarch's RDMABuffer accepts, narrowed to
+bytes so that offsets mean one thing: a 1-D contiguous ``torch.uint8`` tensor
+(CPU, or CUDA when torch has it), or a 1-D byte-sized memoryview, bytearray or
+bytes (read-only). Anything else is a ``TypeError`` that says how to get
+there. The result knows the memory's address and size and keeps the owning
+object alive.
+
+Transports only move bytes between CPU memoryviews; CUDA memory is staged
+through a CPU copy here (:meth:`Memory.cpu_view` / :meth:`Memory.commit`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from typing import Any
+
+_HINT = (
+    "pass a 1-D contiguous uint8 view of the bytes: t.view(torch.uint8).flatten() for a "
+    "contiguous tensor t (t.contiguous() first if it is not), memoryview(x).cast('B') "
+    "for a buffer"
+)
+
+
+class _PyBuffer(ctypes.Structure):
+    """CPython's ``Py_buffer``: the only way to learn the address of read-only memory."""
+
+    _fields_ = [
+        ("buf", ctypes.c_void_p),
+        ("obj", ctypes.c_void_p),
+        ("len", ctypes.c_ssize_t),
+        ("itemsize", ctypes.c_ssize_t),
+        ("readonly", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("format", ctypes.c_char_p),
+        ("shape", ctypes.c_void_p),
+        ("strides", ctypes.c_void_p),
+        ("suboffsets", ctypes.c_void_p),
+        ("internal", ctypes.c_void_p),
+    ]
+
+
+_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+_get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
+
+
+def buffer_address(view: memoryview) -> int:
+    """The address of a contiguous memoryview's first byte (read-only ones too)."""
+    pb = _PyBuffer()
+    _get_buffer(view, ctypes.byref(pb), 0)  # PyBUF_SIMPLE: contiguous bytes
+    try:
+        return pb.buf or 0
+    finally:
+        _release_buffer(ctypes.byref(pb))
+
+
+def view_at(addr: int, size: int) -> memoryview:
+    """A writable byte view of ``size`` bytes at ``addr`` (the caller keeps the memory alive)."""
+    return memoryview((ctypes.c_ubyte * size).from_address(addr)).cast("B")
+
+
+class Memory:
+    """A checked region of local memory: address, size, device, and what keeps it alive."""
+
+    __slots__ = ("obj", "addr", "size", "device", "writable", "_view")
+
+    def __init__(self, obj: Any, addr: int, size: int, device: str, writable: bool,
+                 view: memoryview | None) -> None:
+        self.obj, self.addr, self.size = obj, addr, size
+        self.device, self.writable, self._view = device, writable, view
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.device == "cpu"
+
+    def view(self) -> memoryview:
+        """The bytes as a memoryview (CPU memory only)."""
+        if self._view is None:
+            self._view = view_at(self.addr, self.size) if self.size else memoryview(b"")
+        return self._view
+
+    def cpu_view(self, start: int = 0, stop: int | None = None, *, fill: bool = True) -> memoryview:
+        """CPU bytes for ``[start, stop)``: the memory itself, or a staged copy of CUDA memory.
+
+        ``fill=False`` skips copying device bytes into the staging area (when
+        the caller is about to overwrite it and then :meth:`commit`).
+        """
+        stop = self.size if stop is None else stop
+        if self.is_cpu:
+            return self.view()[start:stop]
+        import torch
+
+        staged = torch.empty(stop - start, dtype=torch.uint8, pin_memory=True)
+        if fill:
+            staged.copy_(self.obj[start:stop])
+        return memoryview(staged.numpy())
+
+    def commit(self, start: int, staged: memoryview) -> None:
+        """Copy ``staged`` (from :meth:`cpu_view` with ``fill=False``) back to device memory."""
+        if self.is_cpu:
+            return
+        import torch
+
+        src = torch.frombuffer(staged, dtype=torch.uint8)
+        self.obj[start : start + len(staged)].copy_(src)
+        torch.cuda.synchronize(self.obj.device)
+
+    def __repr__(self) -> str:
+        return f"<Memory {self.size} bytes on {self.device} at {self.addr:#x}>"
+
+
+def as_memory(obj: Any, what: str = "memory", *, need_writable: bool = False) -> Memory:
+    """Check ``obj`` and describe its bytes; TypeError (saying what to do) if it is not usable."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        return _tensor_memory(torch, obj, what)
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        view = obj if isinstance(obj, memoryview) else memoryview(obj)
+    else:
+        try:
+            view = memoryview(obj)
+        except TypeError:
+            raise TypeError(
+                f"{what} must be a torch.Tensor, memoryview, bytearray or bytes, not "
+                f"{type(obj).__name__}: {_HINT}"
+            ) from None
+    if view.ndim != 1 or view.itemsize != 1 or not view.c_contiguous:
+        raise TypeError(
+            f"{what} must be 1-D, contiguous, one byte per item (got ndim={view.ndim}, "
+            f"itemsize={view.itemsize}, contiguous={view.c_contiguous}): {_HINT}"
+        )
+    if need_writable and view.readonly:
+        raise TypeError(f"{what} is read-only; it must be writable (a bytearray, not bytes)")
+    view = view.cast("B") if view.format != "B" else view
+    addr = buffer_address(view) if view.nbytes else 0
+    return Memory(obj, addr, view.nbytes, "cpu", not view.readonly, view)
+
+
+def _tensor_memory(torch: Any, t: Any, what: str) -> Memory:
+    if t.layout != torch.strided or t.is_meta or t.is_quantized:
+        raise TypeError(f"{what}: a {t.layout} tensor has no plain bytes to register: {_HINT}")
+    if t.dtype != torch.uint8 or t.dim() != 1 or not t.is_contiguous():
+        raise TypeError(
+            f"{what} must be a 1-D contiguous torch.uint8 tensor, got dtype={t.dtype}, "
+            f"shape={tuple(t.shape)}, contiguous={t.is_contiguous()}: {_HINT}"
+        )
+    device = t.device.type if t.device.index is None else f"{t.device.type}:{t.device.index}"
+    if t.device.type not in ("cpu", "cuda"):
+        raise TypeError(f"{what}: tensors on {device} are not supported (CPU and CUDA are)")
+    return Memory(t, t.data_ptr(), t.numel(), device, True, None)

@@ -1,0 +1,53 @@
+"""The JetStream streams that hold heartbeats and supervision events.
+
+Heartbeats keep only the latest message per subject (one per proc or host);
+supervision events are kept for an hour so a person can read back what
+failed and why (``nats stream view monarch-<ns>-sup``). Both are created on
+first use, idempotently; every process calls :func:`ensure_streams`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from nats.aio.client import Client
+from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+
+log = logging.getLogger(__name__)
+
+
+def heartbeat_stream(namespace: str) -> str:
+    return f"monarch-{namespace}-hb"
+
+
+def supervision_stream(namespace: str) -> str:
+    return f"monarch-{namespace}-sup"
+
+
+async def ensure_streams(nc: Client, namespace: str) -> None:
+    js = nc.jetstream()
+    configs = [
+        StreamConfig(
+            name=heartbeat_stream(namespace),
+            subjects=[f"mon.{namespace}.hb.>"],
+            retention=RetentionPolicy.LIMITS,
+            max_msgs_per_subject=1,
+            max_age=600.0,
+            storage=StorageType.MEMORY,
+        ),
+        StreamConfig(
+            name=supervision_stream(namespace),
+            subjects=[f"mon.{namespace}.sup.>"],
+            retention=RetentionPolicy.LIMITS,
+            max_age=3600.0,
+            storage=StorageType.FILE,
+        ),
+    ]
+    for cfg in configs:
+        try:
+            await js.add_stream(cfg)
+        except Exception as e:  # already there with the same config is fine
+            try:
+                await js.stream_info(cfg.name)
+            except Exception:
+                log.warning("could not create JetStream stream %s: %r", cfg.name, e)
