@@ -90,3 +90,33 @@ def no_leaked_processes(request):
             except ProcessLookupError:
                 pass
     assert not leaked, f"test left processes running: {sorted(leaked)}"
+
+
+class FaultRecorder:
+    """Stands in for the root's unhandled_fault_hook (whose default exits the process)."""
+
+    def __init__(self) -> None:
+        self.failures: list = []
+        self.expected = False
+
+    def __call__(self, failure) -> None:
+        self.failures.append(failure)
+
+    def wait(self, n: int = 1, timeout: float = 30.0) -> list:
+        self.expected = True
+        assert wait_until(lambda: len(self.failures) >= n, timeout=timeout), (
+            f"expected {n} unhandled failure(s), got {self.failures}"
+        )
+        return self.failures
+
+
+@pytest.fixture(autouse=True)
+def root_faults(monkeypatch):
+    """Unhandled failures reach this recorder; a test that did not expect one fails."""
+    import monarch.actor
+
+    recorder = FaultRecorder()
+    monkeypatch.setattr(monarch.actor, "unhandled_fault_hook", recorder)
+    yield recorder
+    if not recorder.expected:
+        assert recorder.failures == [], f"unexpected unhandled failures: {recorder.failures}"

@@ -33,6 +33,7 @@ from monarch.actors.shape import Extent, View
 from monarch.actors.value_mesh import ValueMesh
 from monarch.broker import subjects
 from monarch.broker.codec import dumps, register_ext
+from monarch.rdma.bulk import offload
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
@@ -353,6 +354,8 @@ class ActorMesh(MeshShapeOps, Generic[A]):
             else [self._view.extent.labels, self._view.extent.sizes, list(self._view.ranks)]
         )
         body = dumps((args, kwargs, view_spec))
+        # Big arguments stay here and travel out of band; each receiver fetches them.
+        body = offload(body, readers=len(self._view), ttl=None)
         if len(body) > st.rt.max_payload:
             raise MessageTooLargeError(
                 f"message to {self._class_name}.{endpoint} is {len(body)} bytes, over the broker's "

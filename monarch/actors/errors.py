@@ -49,7 +49,7 @@ class RemoteException(Exception):
 class SupervisionError(RuntimeError):
     """The actor a call was waiting on failed (died, crashed, was stopped)."""
 
-    def __init__(self, message: str, *, actor_id: str = "", rank: int | None = None) -> None:
+    def __init__(self, message: str = "", *, actor_id: str = "", rank: int | None = None) -> None:
         self.actor_id = actor_id
         self.rank = rank
         super().__init__(message)
@@ -71,5 +71,5 @@ class ProcStartError(RuntimeError):
     """A process of a proc mesh failed to start or to report ready in time."""
 
 
-class SpawnError(RuntimeError):
+class SpawnError(SupervisionError):
     """Creating actors failed on at least one proc (for example ``__init__`` raised)."""

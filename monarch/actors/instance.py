@@ -32,6 +32,7 @@ from monarch.actors.ports import Port
 from monarch.actors.runtime import Runtime
 from monarch.actors.shape import Extent, Point
 from monarch.broker.codec import CodecError, dumps, loads
+from monarch.rdma.bulk import fetch, fetch_async, offload
 from monarch.supervision.failure import SupervisionFailure
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,8 @@ def _with_traceback(err: Any) -> BaseException:
     except Exception:
         pass
     return exc
+
+
 ADHOC = "Mon-Adhoc"  # header: the caller used as_endpoint() on a plain method
 
 
@@ -143,7 +146,9 @@ class ActorInstance:
                     handled = bool(await hook(failure))
                 else:
                     handled = bool(
-                        await self.rt.loop.run_in_executor(self._thread, self._call_in_context, hook, failure)
+                        await self.rt.loop.run_in_executor(
+                            self._thread, self._call_in_context, hook, failure
+                        )
                     )
         except Exception as e:  # raising is a new failure, caused by the one being handled
             e.__cause__ = SupervisionFailure(failure)
@@ -166,6 +171,10 @@ class ActorInstance:
         Bounded by ``timeout``: a mailbox that does not drain in time is cut off.
         """
         if self._done:
+            # Failed earlier (cleanup already ran): just let go of what is left.
+            await self._unsubscribe()
+            if self._task is not None:
+                self._task.cancel()
             return
         self._done = True
         await self._unsubscribe()
@@ -307,8 +316,11 @@ class ActorInstance:
             )
         self._respond(msg, ok, body, prop)
 
-    def _prepare(self, prop: EndpointProperty, msg: Msg) -> tuple[tuple, dict]:
-        args, kwargs, view_spec = loads(msg.data)
+    def _prepare(
+        self, prop: EndpointProperty, msg: Msg, data: bytes | None = None
+    ) -> tuple[tuple, dict]:
+        # A big message arrives as a reference to its bytes (monarch.rdma.bulk): fetch them.
+        args, kwargs, view_spec = loads(fetch(msg.data) if data is None else data)
         if view_spec is None:
             set_context(Context(self.info, self.point))
         else:
@@ -328,7 +340,7 @@ class ActorInstance:
 
     async def _invoke_async(self, prop: EndpointProperty, msg: Msg) -> tuple[bool, bytes]:
         try:
-            args, kwargs = self._prepare(prop, msg)
+            args, kwargs = self._prepare(prop, msg, await fetch_async(msg.data))
             result = await prop._method(self.obj, *args, **kwargs)
             return True, self._encode_result(prop, msg, result)
         except Exception as e:
@@ -359,8 +371,13 @@ class ActorInstance:
                 err = m.decode_error(
                     body, actor_id=self.actor_id, rank=self.rank, endpoint=prop.name
                 )
-                self.fail(err.exception)  # no caller to receive it
+                self.fail(_with_traceback(err))  # no caller to receive it
             return
+        if ok:  # a big reply stays here and travels out of band; the caller fetches it
+            try:
+                body = offload(body, readers=1, ttl=None)
+            except Exception as e:
+                ok, body = False, m.encode_error(e)
         if len(body) > self.rt.max_payload:
             ok, body = (
                 False,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from monarch.actors.shape import Extent
 from monarch.broker._pdeathsig import child_dies_with_parent
+from monarch.broker.config import settings
 
 
 @dataclass
@@ -87,6 +88,7 @@ class LocalLauncher:
 
         def start_all() -> None:
             me = os.getpid()
+            tie = settings().die_with_parent
             for h in handles:
                 cmd = [
                     sys.executable,
@@ -101,7 +103,7 @@ class LocalLauncher:
                     cmd,
                     env=proc_env(extent, h.rank),
                     stdin=subprocess.DEVNULL,
-                    preexec_fn=functools.partial(child_dies_with_parent, me),
+                    preexec_fn=functools.partial(child_dies_with_parent, me) if tie else None,
                     # Own session: a terminal's Ctrl-C reaches the client only, which
                     # then stops its procs in order instead of racing them.
                     start_new_session=True,

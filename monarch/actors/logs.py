@@ -163,6 +163,7 @@ class _Forwarder:
             source = None if inst.actor_id == "client" else inst
             with self._lock:
                 for line in lines:
+                    line = line.removesuffix("\r")
                     if len(line) > self.max_line:
                         cut = len(line) - self.max_line
                         line = f"{line[: self.max_line]}... [{cut} more characters]"
@@ -292,40 +293,28 @@ class _LineWriter(io.TextIOBase):
         if not isinstance(s, str):
             raise TypeError(f"write() argument must be str, not {type(s).__name__}")
         tid = threading.get_ident()
-        lines: list[str] | None = None
         with self._lock:
-            text = self._partial.pop(tid, "") + s
-            if self._fw.active():
-                lines = text.split("\n")
-                rest = lines.pop()
-                if len(rest) > self._fw.max_line:
-                    lines.append(rest)
-                elif rest:
-                    self._partial[tid] = rest
-        if lines is None:  # output stays local: pass it through, line-buffered
-            self._write_raw(text)
-            if "\n" in text:
-                self.flush()
-        else:
-            self._fw.add(self._stream, [line.removesuffix("\r") for line in lines])
+            lines = (self._partial.pop(tid, "") + s).split("\n")
+            rest = lines.pop()
+            if len(rest) > self._fw.max_line:
+                lines.append(rest)
+            elif rest:
+                self._partial[tid] = rest
+        self._fw.add(self._stream, lines)
         return len(s)
-
-    def _write_raw(self, text: str) -> None:
-        try:
-            self._fw.originals[self._stream].write(text)
-        except (OSError, ValueError):
-            pass
 
     def flush(self) -> None:
         with self._lock:
             rest = self._partial.pop(threading.get_ident(), "")
-        if rest:
-            self._fw.add(self._stream, [rest])
-        if not self._fw.active():
-            try:
-                self._fw.originals[self._stream].flush()
-            except (OSError, ValueError):
-                pass
+        if self._fw.active():
+            self._fw.add(self._stream, [rest] if rest else [])
+            return
+        out = self._fw.originals[self._stream]
+        try:
+            out.write(rest)
+            out.flush()
+        except (OSError, ValueError):
+            pass
 
     def take_partials(self) -> list[str]:
         with self._lock:

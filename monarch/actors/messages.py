@@ -22,6 +22,7 @@ from typing import Any
 
 from monarch.actors.errors import ActorError, RemoteException
 from monarch.broker.codec import CodecError, dumps, loads
+from monarch.rdma.bulk import fetch
 
 KIND = "Mon-Kind"
 ENDPOINT = "Mon-Endpoint"
@@ -59,4 +60,4 @@ def decode_reply(msg: Any) -> tuple[bool, Any]:
     headers = msg.headers or {}
     if headers.get(KIND) == "error":
         return False, msg.data
-    return True, loads(msg.data)
+    return True, loads(fetch(msg.data))  # a big reply is a reference: fetch its bytes (blocks)

@@ -178,7 +178,9 @@ async def serve(uid: str, ready: str, url: str) -> None:
     install_forwarding(rt)
     from monarch.actors.supervisor import start_supervision
 
-    await start_supervision(rt, create_streams=False, owner_proc=os.environ.get("MONARCH_OWNER_PROC"))
+    await start_supervision(
+        rt, create_streams=False, owner_proc=os.environ.get("MONARCH_OWNER_PROC")
+    )
     server = local_server(rt)
     rt.publish(ready, dumps(os.getpid()), {m.KIND: "ready", m.FROM: uid})
     await server.stopped.wait()
@@ -208,8 +210,25 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         pass
     finally:
+        _cancel_remaining(loop)
         loop.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Threads of actors stuck in an endpoint must not keep a stopped proc alive.
+    os._exit(0)
+
+
+def _cancel_remaining(loop: asyncio.AbstractEventLoop) -> None:
+    tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
 
 
 if __name__ == "__main__":
-    main()
+    # Run the imported module's main, not this __main__ copy: module state (the
+    # process's actor host) must be the one every other module sees.
+    from monarch.actors.proc import main as _main
+
+    _main()

@@ -110,6 +110,8 @@ class Supervisor:
         self.rt.loop.create_task(announce_dead(self.rt.nc, self.rt.namespace, proc_uid, reason))
 
     def _on_event(self, msg: Any) -> None:
+        if (msg.headers or {}).get("Mon-From") == self.rt.proc_uid:
+            return  # our own record of a failure we already handled here
         try:
             failure = MeshFailure.from_wire(loads(msg.data))
         except Exception as e:
@@ -139,7 +141,12 @@ class Supervisor:
 
         inst = local_server(self.rt).find(owner)
         if inst is None:
-            log.error("owner %s of failed mesh %s is gone:\n%s", owner, failure.mesh_name, failure.report())
+            log.error(
+                "owner %s of failed mesh %s is gone:\n%s",
+                owner,
+                failure.mesh_name,
+                failure.report(),
+            )
             return
         inst.supervise(failure)
 
@@ -167,7 +174,8 @@ class Supervisor:
             inst.uid,
             [inst.rank],
             "owner_failed" if cause is not None else "actor_failed",
-            f"{inst.actor_id} failed: {type(exc).__name__}: {exc}" if cause is None
+            f"{inst.actor_id} failed: {type(exc).__name__}: {exc}"
+            if cause is None
             else f"{inst.actor_id} did not handle a failure of a mesh it owns",
             cause=cause,
             exception=exc,
@@ -180,7 +188,9 @@ def supervisor_of(rt: Runtime) -> Supervisor | None:
     return getattr(rt, "supervisor", None)
 
 
-async def start_supervision(rt: Runtime, *, create_streams: bool, owner_proc: str | None) -> Supervisor:
+async def start_supervision(
+    rt: Runtime, *, create_streams: bool, owner_proc: str | None
+) -> Supervisor:
     """Heartbeat, route failures, and (in a proc) exit when the owner's process is gone."""
     sup = Supervisor(rt)
     rt.supervisor = sup  # type: ignore[attr-defined]

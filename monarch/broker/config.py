@@ -33,6 +33,9 @@ class Settings(BaseModel):
     nats_server: str | None = Field(None, description="Path of the nats-server binary to run.")
     stop_timeout: float = Field(10.0, gt=0, description="Seconds a graceful stop may take.")
     spawn_timeout: float = Field(60.0, gt=0, description="Seconds for procs to come up.")
+    die_with_parent: bool = Field(
+        True, description="Have the kernel kill procs whose parent dies (besides heartbeats)."
+    )
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:

@@ -44,9 +44,7 @@ def forced_transport() -> str | None:
     if raw in ("", "auto"):
         return None
     if raw not in TRANSPORTS:
-        raise ValueError(
-            f"MONARCH_RDMA_TRANSPORT={raw!r}: expected auto, {', '.join(TRANSPORTS)}"
-        )
+        raise ValueError(f"MONARCH_RDMA_TRANSPORT={raw!r}: expected auto, {', '.join(TRANSPORTS)}")
     return raw
 
 

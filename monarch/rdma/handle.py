@@ -1,7 +1,7 @@
 """``BufferHandle``: everything a peer needs to reach one registered buffer.
 
-A handle is small and travels freely (its own codec ext type, 20, and
-pickle). It names the owner (proc uid, pid, process start time, host id),
+A handle is small and travels freely inside what carries it (an
+``RDMABuffer``: codec ext type 20; a big message's ``BulkRef``: 21; pickle). It names the owner (proc uid, pid, process start time, host id),
 where its bulk server listens, the buffer's id, address and size, and a
 random 16-byte access key: a peer must present the key, so guessing ids or
 addresses cannot read another process's memory. Whoever holds a handle may
@@ -20,10 +20,6 @@ import functools
 import hashlib
 import os
 from dataclasses import dataclass
-
-from monarch.broker.codec import register_ext
-
-HANDLE_EXT = 20
 
 
 @dataclass(frozen=True)
@@ -62,17 +58,26 @@ class BufferHandle:
 
     def fields(self) -> list:
         return [
-            self.owner, self.pid, self.start_time, self.host_id, self.host, self.port,
-            self.buffer_id, self.key, self.addr, self.size, self.state_addr, self.device,
-            self.writable, self.rkey, self.ibv_device,
-        ]  # fmt: skip
+            self.owner,
+            self.pid,
+            self.start_time,
+            self.host_id,
+            self.host,
+            self.port,
+            self.buffer_id,
+            self.key,
+            self.addr,
+            self.size,
+            self.state_addr,
+            self.device,
+            self.writable,
+            self.rkey,
+            self.ibv_device,
+        ]
 
     @classmethod
     def from_fields(cls, fields: list) -> BufferHandle:
         return cls(*fields)
-
-
-register_ext(HANDLE_EXT, BufferHandle, BufferHandle.fields, BufferHandle.from_fields)
 
 
 @functools.lru_cache(maxsize=1)

@@ -68,8 +68,9 @@ class Memory:
 
     __slots__ = ("obj", "addr", "size", "device", "writable", "_view")
 
-    def __init__(self, obj: Any, addr: int, size: int, device: str, writable: bool,
-                 view: memoryview | None) -> None:
+    def __init__(
+        self, obj: Any, addr: int, size: int, device: str, writable: bool, view: memoryview | None
+    ) -> None:
         self.obj, self.addr, self.size = obj, addr, size
         self.device, self.writable, self._view = device, writable, view
 

@@ -29,8 +29,14 @@ RESPONSE = struct.Struct("<BxxxIQQ")  # status, msg_len, length, value
 CHUNK = 1 << 20  # bytes per send/recv call: big enough to amortise, small enough to stay in cache
 
 READ, WRITE, FETCH_ADD, CAS, DROP, ACK = 1, 2, 3, 4, 5, 6
-OP_NAMES = {READ: "read", WRITE: "write", FETCH_ADD: "fetch_add", CAS: "compare_and_swap",
-            DROP: "drop", ACK: "ack"}  # fmt: skip
+OP_NAMES = {
+    READ: "read",
+    WRITE: "write",
+    FETCH_ADD: "fetch_add",
+    CAS: "compare_and_swap",
+    DROP: "drop",
+    ACK: "ack",
+}
 
 OK, GO, NO_BUFFER, OUT_OF_RANGE, READ_ONLY, BAD_REQUEST, FAILED = 0, 1, 2, 3, 4, 5, 6
 

@@ -65,6 +65,10 @@ class BulkServer:
         if self._closed:
             return
         self._closed = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() at once
+        except OSError:
+            pass
         with self._lock:
             conns, threads = list(self._conns), list(self._threads)
         for conn in conns:
@@ -81,7 +85,7 @@ class BulkServer:
         while not self._closed:
             try:
                 conn, _ = self._sock.accept()
-            except socket.timeout:
+            except TimeoutError:
                 self.registry.sweep()
                 continue
             except OSError:
@@ -89,8 +93,9 @@ class BulkServer:
                     log.exception("bulk server accept failed")
                 return
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            t = threading.Thread(target=self._serve, args=(conn,), name="monarch-bulk-conn",
-                                 daemon=True)  # fmt: skip
+            t = threading.Thread(
+                target=self._serve, args=(conn,), name="monarch-bulk-conn", daemon=True
+            )
             with self._lock:
                 self._conns.add(conn)
                 self._threads.add(t)
@@ -125,8 +130,11 @@ class BulkServer:
                 return _respond(conn, p.OK)
             entry = self.registry.lookup(buffer_id, key)
             if offset + length > entry.memory.size or (op in (p.FETCH_ADD, p.CAS) and length != 8):
-                raise _Refused(p.OUT_OF_RANGE, f"[{offset}, {offset + length}) is outside "
-                               f"buffer {buffer_id} of {entry.memory.size} bytes")  # fmt: skip
+                raise _Refused(
+                    p.OUT_OF_RANGE,
+                    f"[{offset}, {offset + length}) is outside "
+                    f"buffer {buffer_id} of {entry.memory.size} bytes",
+                )
             if op == p.READ:
                 return self._read(conn, entry, offset, length)
             if not entry.memory.writable:
@@ -158,8 +166,9 @@ class BulkServer:
                 return False  # the writer went away: nothing to acknowledge
             mem.commit(start, chunk)
         if not self.registry.is_live(entry):
-            return _respond(conn, p.NO_BUFFER, f"buffer {entry.buffer_id} was dropped during "
-                            "the write")  # fmt: skip
+            return _respond(
+                conn, p.NO_BUFFER, f"buffer {entry.buffer_id} was dropped during the write"
+            )
         return _respond(conn, p.OK)
 
     def _atomic(self, entry: Entry, op: int, offset: int, a: int, b: int) -> int:
@@ -175,8 +184,9 @@ class BulkServer:
         return old
 
 
-def _respond(conn: socket.socket, status: int, message: str = "", *, length: int = 0,
-             value: int = 0) -> bool:  # fmt: skip
+def _respond(
+    conn: socket.socket, status: int, message: str = "", *, length: int = 0, value: int = 0
+) -> bool:
     text = message.encode()
     conn.sendall(p.RESPONSE.pack(status, len(text), length, value) + text)
     return True

@@ -43,7 +43,9 @@ class Heartbeater:
             n += 1
             try:
                 await self.nc.publish(
-                    self.subject, str(time.time()).encode(), headers={KIND: "alive", "Mon-Seq": str(n)}
+                    self.subject,
+                    str(time.time()).encode(),
+                    headers={KIND: "alive", "Mon-Seq": str(n)},
                 )
             except Exception as e:
                 log.debug("heartbeat not sent: %r", e)
@@ -95,7 +97,9 @@ class Watcher:
             return
         self._last[uid] = time.monotonic() + (self.grace - self.timeout)
         subject = subjects.heartbeat(self.namespace, uid)
-        self._subs[uid] = await self._subscribe(subject, lambda msg, uid=uid: self._on_beat(uid, msg))
+        self._subs[uid] = await self._subscribe(
+            subject, lambda msg, uid=uid: self._on_beat(uid, msg)
+        )
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._check())
 

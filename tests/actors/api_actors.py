@@ -51,7 +51,10 @@ class Spawner(Actor):
     def local_actor(self) -> list:
         # An actor spawned next to this one, in the same process.
         sibling = context().actor_instance.proc.spawn("sibling", Counter, 1)
-        return [sibling.incr.call_one().get(timeout=30), sibling.where.call_one().get(timeout=30)[0]]
+        return [
+            sibling.incr.call_one().get(timeout=30),
+            sibling.where.call_one().get(timeout=30)[0],
+        ]
 
 
 class Replier(Actor):

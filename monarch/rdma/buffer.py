@@ -1,0 +1,145 @@
+"""``RDMABuffer``: a byte region of one process that other processes read and write.
+
+Monarch's semantics: the process that creates an ``RDMABuffer`` owns the
+memory; the object is a small handle that can be passed to any actor (in
+endpoint arguments and return values, or pickled), and whoever holds it can
+``read_into`` local memory from it or ``write_from`` local memory to it,
+without the owner's code taking part. Both return a
+:class:`~monarch.actors.future.Future` (``.get()`` or ``await``).
+
+Differences from Monarch, on purpose: bytes only (a 1-D contiguous
+``torch.uint8`` tensor, memoryview, bytearray, or ``bytes`` for a read-only
+buffer; other layouts are a ``TypeError`` saying how to get a byte view);
+``offset`` selects a sub-range, and the local side's size is the number of
+bytes moved (Monarch reads the whole buffer into a destination at least as
+big, which here is ``offset=0`` with a destination of ``size()`` bytes);
+the default timeout is 30 s (Monarch: 3 s), since the tcp fallback is slower
+than RDMA hardware.
+
+The registration (and a reference keeping the memory alive) lasts until
+``drop()``, by the owner or by anyone holding the handle, or until the owner
+process exits. It does not end when the owner's Python object is garbage
+collected: returning ``RDMABuffer(t)`` from an endpoint is the usual way to
+hand memory out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from monarch.actors.future import Future
+from monarch.broker.codec import register_ext
+from monarch.rdma import transfer
+from monarch.rdma.handle import BufferHandle
+from monarch.rdma.memory import as_memory
+from monarch.rdma.owner import current_owner, local_owner
+from monarch.rdma.transports import choose_transport
+
+DEFAULT_TIMEOUT = 30.0
+BUFFER_EXT = 20
+
+
+class RDMABuffer:
+    """A handle to a registered byte region of its owner process (see the module docstring)."""
+
+    __slots__ = ("_handle",)
+
+    def __init__(self, data: Any) -> None:
+        """Register ``data`` (kept alive until ``drop()``) in this process.
+
+        Raises TypeError for anything but a 1-D contiguous uint8 tensor (CPU or
+        CUDA), memoryview, bytearray or bytes, and ValueError for size 0.
+        """
+        memory = as_memory(data, "RDMABuffer data")
+        if memory.size == 0:
+            raise ValueError("cannot create an RDMABuffer of size 0")
+        self._handle = local_owner().register(memory)
+
+    @classmethod
+    def _from_handle(cls, handle: BufferHandle) -> RDMABuffer:
+        buf = cls.__new__(cls)
+        buf._handle = handle
+        return buf
+
+    @property
+    def handle(self) -> BufferHandle:
+        return self._handle
+
+    def size(self) -> int:
+        """The buffer's size in bytes."""
+        return self._handle.size
+
+    @property
+    def owner(self) -> str:
+        """The proc uid of the owning process."""
+        return self._handle.owner
+
+    @property
+    def backend(self) -> str:
+        """The transport a transfer from this process would use: ibverbs, same_host or tcp."""
+        return choose_transport(self._handle).name
+
+    def read_into(
+        self, dst: Any, *, offset: int = 0, timeout: float = DEFAULT_TIMEOUT
+    ) -> Future[None]:
+        """Copy the buffer's bytes ``[offset, offset + len(dst))`` into local ``dst``.
+
+        The future completes once every byte has arrived, or fails with an
+        :class:`~monarch.rdma.errors.RDMAError` (a timeout: ``RDMATimeoutError``).
+        A range outside the buffer raises ValueError here, before anything moves.
+        """
+        memory = as_memory(dst, "read_into destination", need_writable=True)
+        transfer.check_range(self._handle, offset, memory.size, "read_into")
+        deadline = transfer.deadline_in(timeout)
+        return transfer.submit(transfer.read, self._handle, offset, memory, deadline)
+
+    def write_from(
+        self, src: Any, *, offset: int = 0, timeout: float = DEFAULT_TIMEOUT
+    ) -> Future[None]:
+        """Copy local ``src`` into the buffer from ``offset``.
+
+        The future completes once the owner's memory holds every byte (the
+        owner acknowledges the full payload), or fails; a failed write may
+        have changed part of the range, but is never reported done.
+        """
+        memory = as_memory(src, "write_from source")
+        transfer.check_range(self._handle, offset, memory.size, "write_from")
+        transfer.check_writable(self._handle, "write_from")
+        deadline = transfer.deadline_in(timeout)
+        return transfer.submit(transfer.write, self._handle, offset, memory, deadline)
+
+    def drop(self, *, timeout: float = DEFAULT_TIMEOUT) -> Future[None]:
+        """Release the registration; later transfers by anyone fail with BufferDroppedError.
+
+        Harmless if already dropped. In the owner it is done before this
+        returns; another process asks the owner (the future completes when it has).
+        """
+        owner = current_owner()
+        if owner is not None and owner.owns(self._handle):
+            owner.registry.drop(self._handle.buffer_id, self._handle.key)
+            return transfer.TransferFuture.from_value(None)
+        return transfer.submit(transfer.drop, self._handle, transfer.deadline_in(timeout))
+
+    def __reduce__(self) -> tuple:
+        return (RDMABuffer._from_handle, (self._handle,))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RDMABuffer):
+            return NotImplemented
+        h, o = self._handle, other._handle
+        return (h.owner, h.pid, h.buffer_id, h.key) == (o.owner, o.pid, o.buffer_id, o.key)
+
+    def __hash__(self) -> int:
+        return hash((self._handle.owner, self._handle.buffer_id))
+
+    def __repr__(self) -> str:
+        h = self._handle
+        return f"<RDMABuffer {h.size} bytes on {h.device} of {h.owner}, id {h.buffer_id}>"
+
+
+register_ext(
+    BUFFER_EXT,
+    RDMABuffer,
+    lambda b: b._handle.fields(),
+    lambda fields: RDMABuffer._from_handle(BufferHandle.from_fields(fields)),
+)

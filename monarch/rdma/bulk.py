@@ -1,0 +1,105 @@
+"""Big message bodies travel out of band: the hooks the actor runtime calls.
+
+``offload(body)`` on the sender: a body over ``MONARCH_BULK_THRESHOLD``
+(default 256 KiB; always when over the broker's ``max_payload``) stays in
+this process, registered with the bulk server, and what goes through the
+broker is a small body that refers to it. ``fetch(body)`` on the receiver
+(or ``await fetch_async(body)`` on an event loop) gives back the original
+bytes, copied by the best transport (same_host, tcp, ibverbs), and tells the
+owner one reader is done. A body is released after ``readers`` such
+acknowledgements, or after ``ttl`` seconds (``MONARCH_BULK_TTL``, default
+600), whichever comes first; a reader that comes later gets
+:class:`~monarch.rdma.errors.BufferDroppedError`.
+
+The reference is ``dumps(BulkRef(handle))``, a codec ext type of its own
+(21), so its first bytes (``92 c7 00 15``: an array of two whose first item
+is the empty ext 21) can never start a body the codec makes for anything
+else: bodies that are not references pass through ``fetch`` untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from monarch.actors.runtime import current_runtime_or_none
+from monarch.broker.codec import dumps, loads, register_ext
+from monarch.rdma import config, transfer
+from monarch.rdma.handle import BufferHandle
+from monarch.rdma.memory import as_memory
+from monarch.rdma.owner import local_owner
+
+log = logging.getLogger(__name__)
+BULK_EXT = 21
+PREFIX = b"\x92\xc7\x00\x15"  # fixarray(2), ext8 of length 0 with code 21: BulkRef's marker
+
+
+class BulkRef:
+    """A body that stayed behind in its sender: where to fetch it."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: BufferHandle) -> None:
+        self.handle = handle
+
+    def __repr__(self) -> str:
+        return f"BulkRef({self.handle.describe()})"
+
+
+register_ext(
+    BULK_EXT,
+    BulkRef,
+    lambda ref: ref.handle.fields(),
+    lambda fields: BulkRef(BufferHandle.from_fields(fields)),
+)
+
+
+def threshold() -> int:
+    """Bodies longer than this go out of band."""
+    limit = config.bulk_threshold()
+    rt = current_runtime_or_none()
+    return min(limit, rt.max_payload) if rt is not None else limit
+
+
+def offload(body: bytes, *, readers: int | None, ttl: float | None = None) -> bytes:
+    """``body`` itself if small, else a reference to it (kept here for ``readers`` reads or ``ttl`` s)."""
+    if len(body) <= threshold():
+        return body
+    ttl = config.bulk_ttl() if ttl is None else ttl
+    handle = local_owner().register(as_memory(body, "message body"), readers=readers, ttl=ttl)
+    return dumps(BulkRef(handle))
+
+
+def is_reference(body: bytes | bytearray | memoryview) -> bool:
+    return len(body) >= 4 and bytes(body[:4]) == PREFIX
+
+
+def fetch(body: bytes, *, timeout: float | None = None) -> bytes | bytearray:
+    """The original bytes of ``body`` (``body`` itself unless it is a reference). Blocks.
+
+    Raises BufferDroppedError if the body was already released, OwnerGoneError
+    if its sender has exited, RDMATimeoutError after ``timeout`` seconds
+    (``MONARCH_BULK_TIMEOUT``, default 120).
+    """
+    if not is_reference(body):
+        return body
+    ref = loads(body)
+    if not isinstance(ref, BulkRef):  # pragma: no cover - the prefix says it is one
+        return body
+    handle = ref.handle
+    deadline = transfer.deadline_in(config.bulk_timeout() if timeout is None else timeout)
+    data = bytearray(handle.size)
+    transfer.read(handle, 0, as_memory(data), deadline)
+    try:
+        transfer.ack(handle, transfer.deadline_in(5.0))
+    except Exception as e:  # the body is here; the owner's time to live frees it anyway
+        log.debug("could not acknowledge %s: %s", handle.describe(), e)
+    return data
+
+
+async def fetch_async(body: bytes, *, timeout: float | None = None) -> bytes | bytearray:
+    """:func:`fetch` for event loops: the copy runs on a worker thread, not on the loop."""
+    if not is_reference(body):
+        return body
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(transfer.executor(), lambda: fetch(body, timeout=timeout))

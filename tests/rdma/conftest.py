@@ -1,0 +1,45 @@
+"""Fixtures for the rdma tests: two procs with a BufferOwner each, shared by the package.
+
+The procs are started once (package scope, so before any test's leak check
+looks) and every test uses its own buffers. ``transport`` runs a test once
+per transport that works here, forced in the client and in the procs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from monarch.actor import this_host
+from tests.rdma.rdma_actors import BufferOwner
+
+
+@pytest.fixture(scope="package")
+def procs(nats_url):
+    pm = this_host().spawn_procs(per_host={"gpus": 2}, name="rdmaprocs")
+    pm.initialized.get(timeout=60)
+    yield pm
+    pm.stop().get(timeout=60)
+
+
+@pytest.fixture(scope="package")
+def owners(procs):
+    mesh = procs.spawn("owners", BufferOwner)
+    mesh.set_transport.call(None).get(timeout=60)  # waits until both actors are up
+    return mesh
+
+
+@pytest.fixture(params=["same_host", "tcp"])
+def transport(request, owners):
+    """Force one transport everywhere for the test's duration."""
+    name = request.param
+    before = os.environ.get("MONARCH_RDMA_TRANSPORT")
+    os.environ["MONARCH_RDMA_TRANSPORT"] = name
+    owners.set_transport.call(name).get(timeout=30)
+    yield name
+    owners.set_transport.call(None).get(timeout=30)
+    if before is None:
+        os.environ.pop("MONARCH_RDMA_TRANSPORT", None)
+    else:
+        os.environ["MONARCH_RDMA_TRANSPORT"] = before

@@ -1,0 +1,84 @@
+"""Actor classes for the rdma tests (importable by procs, so they travel by reference)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from monarch.actor import Actor, endpoint
+from monarch.rdma import RDMAAction, RDMABuffer
+
+
+def pattern(n: int, seed: int = 0) -> torch.Tensor:
+    """Position-dependent bytes (byte i is (i * 7 + seed) % 251), cheap to check anywhere."""
+    return ((torch.arange(n, dtype=torch.int64) * 7 + seed) % 251).to(torch.uint8)
+
+
+class BufferOwner(Actor):
+    """Owns buffers in its proc and uses buffers owned elsewhere."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.buffers: dict[str, RDMABuffer] = {}
+
+    @endpoint
+    def set_transport(self, name: str | None) -> None:
+        if name is None:
+            os.environ.pop("MONARCH_RDMA_TRANSPORT", None)
+        else:
+            os.environ["MONARCH_RDMA_TRANSPORT"] = name
+
+    @endpoint
+    def make(self, name: str, size: int, seed: int = 0) -> RDMABuffer:
+        self.tensors[name] = pattern(size, seed)
+        self.buffers[name] = RDMABuffer(self.tensors[name])
+        return self.buffers[name]
+
+    @endpoint
+    def contents(self, name: str) -> torch.Tensor:
+        return self.tensors[name].clone()
+
+    @endpoint
+    def drop(self, name: str) -> None:
+        self.buffers[name].drop().get(timeout=30)
+
+    @endpoint
+    def read(self, buf: RDMABuffer, offset: int, n: int) -> bytes:
+        dst = bytearray(n)
+        buf.read_into(dst, offset=offset).get(timeout=30)
+        return bytes(dst)
+
+    @endpoint
+    def write(self, buf: RDMABuffer, data: bytes, offset: int) -> None:
+        buf.write_from(data, offset=offset).get(timeout=30)
+
+    @endpoint
+    def read_error(self, buf: RDMABuffer) -> str:
+        try:
+            buf.read_into(bytearray(buf.size())).get(timeout=30)
+        except Exception as e:
+            return type(e).__name__
+        return "no error"
+
+    @endpoint
+    def backend(self, buf: RDMABuffer) -> str:
+        return buf.backend
+
+    @endpoint
+    def add_many(self, buf: RDMABuffer, times: int) -> list[int]:
+        """``times`` separate fetch_add(1) on word 0; the old values seen."""
+        return [RDMAAction().fetch_add(buf, 0, 1).submit().get(timeout=30)[0] for _ in range(times)]
+
+    @endpoint
+    def summary(self, t: torch.Tensor, picks: list[int]) -> tuple[int, int, list[int]]:
+        """(numel, sum, bytes at picks) of a tensor argument: checks a big one cheaply."""
+        return t.numel(), int(t.sum(dtype=torch.int64)), [int(t[i]) for i in picks]
+
+    @endpoint
+    async def asummary(self, t: torch.Tensor) -> tuple[int, int]:
+        return t.numel(), int(t.sum(dtype=torch.int64))
+
+    @endpoint
+    def big(self, n: int, seed: int) -> torch.Tensor:
+        return pattern(n, seed)
