@@ -1,17 +1,17 @@
-"""The receiving side of one actor: its mailbox, its thread, and how a message is handled.
+"""The receiving side of one actor: how its messages are handled, and its life.
 
-Messages arrive from the ordered intake into an asyncio queue and are handled
-one at a time by the actor's task. A sync endpoint runs on the actor's own
-thread (so it may block, even on another actor's ``.get()``, without stalling
-the proc's loop); an async endpoint runs on the loop. Either way the next
-message waits until this one is done, which is what gives per-sender order.
-``@concurrent_endpoint`` methods are the exception: they start in order but
-run side by side.
+Messages arrive from the ordered intake and are handled one at a time, in
+arrival order, by the actor's runner (see :mod:`monarch.actors.mailbox`): sync
+endpoints run on the actor's own thread, so they may block (even on another
+actor's ``.get()``) without stalling the proc's loop; async endpoints run on
+the loop. ``@concurrent_endpoint`` methods are the exception: they start in
+order but run side by side.
 
 An actor *fails* when an exception has nowhere else to go: a ``broadcast``
-(no caller), an explicit-response-port endpoint that raises. A failed actor
-answers every later call with :class:`SupervisionError`, runs
-``__cleanup__(exc)``, and is reported to its owner (``on_failure``).
+(no caller), an explicit-response-port endpoint that raises, an unhandled
+failure of a mesh it owns. A failed actor answers every later call with
+:class:`SupervisionError`, stops what it owns, runs ``__cleanup__(exc)``, and
+is reported to its owner (``on_failure``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -28,46 +27,24 @@ from monarch.actors import messages as m
 from monarch.actors.context import Context, Instance, set_context
 from monarch.actors.endpoint import EndpointProperty, endpoints_of
 from monarch.actors.errors import MeshStoppedError, SupervisionError
+from monarch.actors.mailbox import Job, LoopRunner, ThreadRunner
 from monarch.actors.ports import Port
 from monarch.actors.runtime import Runtime
 from monarch.actors.shape import Extent, Point
 from monarch.broker.codec import CodecError, dumps, loads
 from monarch.rdma.bulk import fetch, fetch_async, offload
-from monarch.supervision.failure import SupervisionFailure
+from monarch.supervision.failure import MeshFailure, SupervisionFailure
 
 log = logging.getLogger(__name__)
 
-_STOP = object()
+ADHOC = "Mon-Adhoc"  # header: the caller used as_endpoint() on a plain method
 
 
 class _Supervise:
     __slots__ = ("failure",)
 
-    def __init__(self, failure: Any) -> None:
+    def __init__(self, failure: MeshFailure) -> None:
         self.failure = failure
-
-
-def _wrap(failure: Any, exc: BaseException) -> Any:
-    """A failure raised while handling ``failure``: a new failure whose cause is that one."""
-    from monarch.supervision.failure import MeshFailure
-
-    return MeshFailure(
-        failure.mesh_name, failure.mesh_uid, failure.ranks, "supervise_raised",
-        f"__supervise__ raised {type(exc).__name__}: {exc}", cause=failure, exception=exc,
-    )  # fmt: skip
-
-
-def _with_traceback(err: Any) -> BaseException:
-    """The endpoint's exception, keeping the remote traceback text for the report."""
-    exc = err.exception
-    try:
-        exc._monarch_traceback = err.traceback
-    except Exception:
-        pass
-    return exc
-
-
-ADHOC = "Mon-Adhoc"  # header: the caller used as_endpoint() on a plain method
 
 
 class ActorInstance:
@@ -99,103 +76,88 @@ class ActorInstance:
         self.on_stopped: Callable[[ActorInstance], None] | None = None
         self.owner_proc = ""  # where this actor's owner lives (the proc uid)
         self.owner_actor = ""  # the owner's actor id ("client" for the root)
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"actor-{name}-{rank}")
-        self._mailbox: asyncio.Queue = asyncio.Queue()
-        self._task: asyncio.Task | None = None
         self._concurrent: set[asyncio.Task] = set()
-        self._stopping = False
+        self._stopping = False  # no new messages are taken
         self._stop_requested = False
-        self._done = False
+        self._done = False  # stop or failure handling has begun
+        label = f"actor {self.actor_id}"
+        if any(not p.is_async for p in self.endpoints.values()):
+            self._runner: ThreadRunner | LoopRunner = ThreadRunner(rt.loop, label, self._on_thread)
+        else:
+            self._runner = LoopRunner(rt.loop, label, self._on_loop)
 
     # -- lifecycle ----------------------------------------------------------
 
-    async def construct(self, args: tuple, kwargs: dict) -> None:
-        """Run ``__init__`` on the actor's thread; raises what it raises."""
+    async def call_on_actor(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` in the actor's turn (on its thread for sync code)."""
+        done = self.rt.loop.create_future()
 
-        def build() -> Any:
+        def in_context(*a: Any) -> Any:
             set_context(Context(self.info, self.point))
-            return self.cls(*args, **kwargs)
+            return fn(*a)
 
+        self._runner.put(Job(in_context, args, done))
+        return await done
+
+    async def construct(self, args: tuple, kwargs: dict) -> None:
+        """Run ``__init__`` in the actor's turn; raises what it raises."""
         try:
-            self.obj = await self.rt.loop.run_in_executor(self._thread, build)
+            self.obj = await self.call_on_actor(lambda: self.cls(*args, **kwargs))
         except BaseException:
-            self._thread.shutdown(wait=False)
+            self._runner.close()
             raise
         self.info._actor = self.obj
-        self._task = self.rt.loop.create_task(self._run(), name=f"actor {self.actor_id}")
 
     def deliver(self, msg: Msg) -> None:
         """Called by the intake, in wire order, on the loop."""
         if self._stopping or self.failed is not None:
             self._refuse(msg)
             return
-        self._mailbox.put_nowait(msg)
+        self._runner.put(msg)
 
-    def supervise(self, failure: Any) -> None:
+    def supervise(self, failure: MeshFailure) -> None:
         """A mesh this actor owns failed: run ``__supervise__`` in mailbox order."""
-        if self._done or self.failed is not None:
-            return
-        self._mailbox.put_nowait(_Supervise(failure))
-
-    async def _run_supervise(self, failure: Any) -> None:
-        hook = getattr(self.obj, "__supervise__", None)
-        handled = False
-        try:
-            if hook is not None:
-                if asyncio.iscoroutinefunction(hook):
-                    handled = bool(await hook(failure))
-                else:
-                    handled = bool(
-                        await self.rt.loop.run_in_executor(
-                            self._thread, self._call_in_context, hook, failure
-                        )
-                    )
-        except Exception as e:  # raising is a new failure, caused by the one being handled
-            e.__cause__ = SupervisionFailure(failure)
-            self.fail(SupervisionFailure(_wrap(failure, e)))
-            return
-        if not handled:
-            self.fail(SupervisionFailure(failure))
-
-    def _call_in_context(self, fn: Callable[..., Any], *args: Any) -> Any:
-        set_context(Context(self.info, self.point))
-        return fn(*args)
+        if not self._done and self.failed is None:
+            self._runner.put(_Supervise(failure))
 
     def request_stop(self) -> None:
         """``context().actor_instance.stop()``: stop after the current message."""
         self._stop_requested = True
 
     async def stop(self, timeout: float, exc: BaseException | None = None) -> None:
-        """Handle what is already queued, cancel concurrent tasks, run ``__cleanup__``.
-
-        Bounded by ``timeout``: a mailbox that does not drain in time is cut off.
-        """
-        if self._done:
-            # Failed earlier (cleanup already ran): just let go of what is left.
+        """Handle what is already queued, cancel concurrent tasks, stop owned meshes,
+        run ``__cleanup__``. Bounded by ``timeout``: a mailbox that does not drain in
+        time is cut off and its waiting callers get an error."""
+        if self._done:  # failed earlier: cleanup already ran
             await self._unsubscribe()
-            if self._task is not None:
-                self._task.cancel()
+            self._close_runner()
             return
         self._done = True
         await self._unsubscribe()
-        if self._task is not None and not self._task.done():
-            self._mailbox.put_nowait(_STOP)
-            try:
-                await asyncio.wait_for(asyncio.shield(self._task), timeout)
-            except asyncio.TimeoutError:
-                log.warning("actor %s did not finish its mailbox in %.1f s", self.actor_id, timeout)
-                self._task.cancel()
+        drained = self.rt.loop.create_future()
+        self._runner.put(Job(lambda: None, (), drained))
+        try:
+            await asyncio.wait_for(asyncio.shield(drained), timeout)
+        except asyncio.TimeoutError:
+            log.warning("actor %s did not finish its mailbox in %.1f s", self.actor_id, timeout)
+            if isinstance(self._runner, LoopRunner):
+                self._runner.cancel()
         self._stopping = True
-        await self._cancel_concurrent()
-        while not self._mailbox.empty():
-            left = self._mailbox.get_nowait()
-            if hasattr(left, "data"):  # a message, not a sentinel
+        for left in self._runner.take_pending():
+            if isinstance(left, Msg) or hasattr(left, "data"):
                 self._refuse(left)
+        await self._cancel_concurrent()
         await self._stop_owned()
-        await self._cleanup(exc)
-        self._thread.shutdown(wait=False)
+        if drained.done():
+            await self._cleanup(exc)
+        self._close_runner()
         if self.on_stopped is not None:
             self.on_stopped(self)
+
+    def _close_runner(self) -> None:
+        self._runner.close()
+        if isinstance(self._runner, LoopRunner):
+            self._runner.cancel()
 
     async def _stop_owned(self) -> None:
         """Meshes this actor spawned stop before it cleans up (children first)."""
@@ -226,16 +188,13 @@ class ActorInstance:
         if hook is None:
             return
         try:
-            if asyncio.iscoroutinefunction(hook):
-                await hook(exc)
-            else:
-                await self.rt.loop.run_in_executor(self._thread, hook, exc)
+            await self.call_on_actor(hook, exc)
         except Exception:
             log.exception("__cleanup__ of %s raised", self.actor_id)
 
     def fail(self, exc: BaseException) -> None:
-        """The actor cannot go on: refuse further messages, clean up, tell the owner."""
-        if self.failed is not None:
+        """The actor cannot go on (loop only): refuse further messages, clean up, tell the owner."""
+        if self.failed is not None or self._done:
             return
         self.failed = exc
         log.error("actor %s failed: %r", self.actor_id, exc)
@@ -244,39 +203,108 @@ class ActorInstance:
     async def _after_failure(self, exc: BaseException) -> None:
         # Subscriptions stay: until the actor is stopped, callers get a clear
         # SupervisionError instead of silence.
-        await self._cancel_concurrent()
-        while not self._mailbox.empty():
-            left = self._mailbox.get_nowait()
-            if hasattr(left, "data"):
-                self._refuse(left)
         self._done = True
+        await self._cancel_concurrent()
         await self._stop_owned()
         await self._cleanup(exc)
-        self._thread.shutdown(wait=False)
         if self.on_failure is not None:
             self.on_failure(self, exc)
 
-    # -- handling -------------------------------------------------------------
+    # -- handling: on the actor's thread (ThreadRunner) --------------------------------
 
-    async def _run(self) -> None:
-        while True:
-            msg = await self._mailbox.get()
-            if msg is _STOP:
-                return
-            if isinstance(msg, _Supervise):
-                if self.failed is None:
-                    await self._run_supervise(msg.failure)
-                continue
-            if self.failed is not None:
-                self._refuse(msg)
-                continue
-            try:
-                await self._handle(msg)
-            except Exception:
-                log.exception("actor %s failed to handle a message", self.actor_id)
-            if self._stop_requested and not self._done:
-                self.rt.loop.create_task(self.stop(self.rt.settings.stop_timeout))
-                return
+    def _on_thread(self, item: Any) -> None:
+        runner: ThreadRunner = self._runner  # type: ignore[assignment]
+        if isinstance(item, _Supervise):
+            handled, error = self._supervise_sync(item.failure)
+            runner.post(self._after_supervise, item.failure, handled, error)
+        elif self.failed is not None:
+            runner.post(self._refuse, item)
+        else:
+            prop = self._endpoint_for(item)
+            if prop is None:
+                runner.post(self._respond_unknown, item)
+            elif prop.concurrent:
+                runner.post(self._start_concurrent, prop, item)
+            else:
+                if prop.is_async:
+                    ok, body = runner.run_async(self._invoke_async(prop, item))
+                else:
+                    ok, body = self._invoke_sync(prop, item)
+                runner.post(self._respond, item, ok, body, prop)
+        if self._stop_requested:
+            self._stop_requested = False
+            runner.post(self._stop_soon)
+
+    def _supervise_sync(self, failure: MeshFailure) -> tuple[bool, BaseException | None]:
+        hook = getattr(self.obj, "__supervise__", None)
+        if hook is None:
+            return False, None
+        try:
+            set_context(Context(self.info, self.point))
+            result = hook(failure)
+            if asyncio.iscoroutine(result):
+                result = self._runner.run_async(result)  # type: ignore[union-attr]
+            return bool(result), None
+        except Exception as e:
+            return False, e
+
+    # -- handling: on the loop (LoopRunner) -------------------------------------------
+
+    async def _on_loop(self, item: Any) -> None:
+        if isinstance(item, _Supervise):
+            handled, error = await self._supervise_async(item.failure)
+            self._after_supervise(item.failure, handled, error)
+        elif self.failed is not None:
+            self._refuse(item)
+        else:
+            prop = self._endpoint_for(item)
+            if prop is None:
+                self._respond_unknown(item)
+            elif prop.concurrent:
+                self._start_concurrent(prop, item)
+            else:
+                await self._run_one(prop, item)
+        if self._stop_requested:
+            self._stop_requested = False
+            self._stop_soon()
+
+    async def _supervise_async(self, failure: MeshFailure) -> tuple[bool, BaseException | None]:
+        hook = getattr(self.obj, "__supervise__", None)
+        if hook is None:
+            return False, None
+        try:
+            if asyncio.iscoroutinefunction(hook):
+                set_context(Context(self.info, self.point))
+                return bool(await hook(failure)), None
+            return bool(await self.rt.loop.run_in_executor(None, hook, failure)), None
+        except Exception as e:
+            return False, e
+
+    # -- handling: shared, on the loop --------------------------------------------------
+
+    def _after_supervise(
+        self, failure: MeshFailure, handled: bool, error: BaseException | None
+    ) -> None:
+        if error is not None:  # raising is a new failure, caused by the one being handled
+            self.fail(SupervisionFailure(_wrap(failure, error)))
+        elif not handled:
+            self.fail(SupervisionFailure(failure))
+
+    def _stop_soon(self) -> None:
+        if not self._done:
+            self.rt.loop.create_task(self.stop(self.rt.settings.stop_timeout))
+
+    def _start_concurrent(self, prop: EndpointProperty, msg: Msg) -> None:
+        task = self.rt.loop.create_task(self._run_one(prop, msg))
+        self._concurrent.add(task)
+        task.add_done_callback(self._concurrent.discard)
+
+    async def _run_one(self, prop: EndpointProperty, msg: Msg) -> None:
+        if prop.is_async:
+            ok, body = await self._invoke_async(prop, msg)
+        else:  # a sync concurrent or ad-hoc endpoint: a worker thread, never the loop
+            ok, body = await self.rt.loop.run_in_executor(None, self._invoke_sync, prop, msg)
+        self._respond(msg, ok, body, prop)
 
     def _endpoint_for(self, msg: Msg) -> EndpointProperty | None:
         headers = msg.headers or {}
@@ -288,33 +316,6 @@ class ActorInstance:
                 prop = EndpointProperty(method, explicit_response_port=headers.get(ADHOC) == "port")
                 self.endpoints[name] = prop
         return prop
-
-    async def _handle(self, msg: Msg) -> None:
-        prop = self._endpoint_for(msg)
-        if prop is None:
-            name = (msg.headers or {}).get(m.ENDPOINT, "")
-            err = AttributeError(
-                f"actor {self.actor_id} ({self.cls.__name__}) has no endpoint {name!r}"
-            )
-            self._respond(msg, False, m.encode_error(err), prop=None)
-            return
-        if prop.concurrent:
-            task = self.rt.loop.create_task(self._run_one(prop, msg))
-            self._concurrent.add(task)
-            task.add_done_callback(self._concurrent.discard)
-            return
-        await self._run_one(prop, msg)
-
-    async def _run_one(self, prop: EndpointProperty, msg: Msg) -> None:
-        if prop.is_async:
-            ok, body = await self._invoke_async(prop, msg)
-        elif prop.concurrent:
-            ok, body = await self.rt.loop.run_in_executor(None, self._invoke_sync, prop, msg)
-        else:
-            ok, body = await self.rt.loop.run_in_executor(
-                self._thread, self._invoke_sync, prop, msg
-            )
-        self._respond(msg, ok, body, prop)
 
     def _prepare(
         self, prop: EndpointProperty, msg: Msg, data: bytes | None = None
@@ -361,7 +362,15 @@ class ActorInstance:
             self.rt.call_soon(self.fail, e)
         return False, body
 
+    def _respond_unknown(self, msg: Msg) -> None:
+        name = (msg.headers or {}).get(m.ENDPOINT, "")
+        err = AttributeError(
+            f"actor {self.actor_id} ({self.cls.__name__}) has no endpoint {name!r}"
+        )
+        self._respond(msg, False, m.encode_error(err), None)
+
     def _respond(self, msg: Msg, ok: bool, body: bytes, prop: EndpointProperty | None) -> None:
+        """Send a handled message's outcome (loop only)."""
         if prop is not None and prop.explicit_response_port:
             if not ok and msg.reply:
                 self._refuse(msg)  # the caller learns the actor failed, instead of waiting
@@ -379,15 +388,11 @@ class ActorInstance:
             except Exception as e:
                 ok, body = False, m.encode_error(e)
         if len(body) > self.rt.max_payload:
-            ok, body = (
-                False,
-                m.encode_error(
-                    ValueError(
-                        f"the reply of {self.actor_id} is {len(body)} bytes, over the broker's "
-                        f"max_payload of {self.rt.max_payload}"
-                    )
-                ),
+            too_big = ValueError(
+                f"the reply of {self.actor_id} is {len(body)} bytes, over the broker's "
+                f"max_payload of {self.rt.max_payload}"
             )
+            ok, body = False, m.encode_error(too_big)
         self._publish_reply(msg.reply, "reply" if ok else "error", body)
 
     def _publish_reply(self, subject: str, kind: str, body: bytes) -> None:
@@ -395,7 +400,7 @@ class ActorInstance:
         self.rt.publish(subject, body, headers)
 
     def _refuse(self, msg: Msg) -> None:
-        if not msg.reply:
+        if not getattr(msg, "reply", None):
             return
         if self.failed is not None:
             err: Exception = SupervisionError(
@@ -406,3 +411,21 @@ class ActorInstance:
         else:
             err = MeshStoppedError(f"actor {self.actor_id} is stopping")
         self._publish_reply(msg.reply, "error", m.encode_error(err))
+
+
+def _wrap(failure: MeshFailure, exc: BaseException) -> MeshFailure:
+    """A failure raised while handling ``failure``: a new failure whose cause is that one."""
+    return MeshFailure(
+        failure.mesh_name, failure.mesh_uid, failure.ranks, "supervise_raised",
+        f"__supervise__ raised {type(exc).__name__}: {exc}", cause=failure, exception=exc,
+    )  # fmt: skip
+
+
+def _with_traceback(err: Any) -> BaseException:
+    """The endpoint's exception, keeping the remote traceback text for the report."""
+    exc = err.exception
+    try:
+        exc._monarch_traceback = err.traceback
+    except Exception:
+        pass
+    return exc

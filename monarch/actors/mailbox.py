@@ -1,0 +1,153 @@
+"""Where an actor's messages wait, and which thread handles them.
+
+An actor handles one item at a time, in arrival order. Two runners do that:
+
+* :class:`ThreadRunner`, for actors with any sync endpoint: the actor's own
+  thread takes items straight from a thread-safe queue and runs sync
+  endpoints inline, so a busy actor never waits for the event loop between
+  messages (async endpoints of such an actor are run on the loop while the
+  thread waits for them);
+* :class:`LoopRunner`, for actors whose endpoints are all ``async``: a task on
+  the proc's loop, with no thread hop at all.
+
+Both take the same items: messages, ``Job`` (a call to make on the actor,
+e.g. ``__init__`` or ``__cleanup__``), and the ``STOP`` sentinel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+STOP = object()
+
+
+class Job:
+    """Run ``fn(*args)`` in the actor's turn; ``done`` (a loop future) gets the outcome."""
+
+    __slots__ = ("fn", "args", "done")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple, done: asyncio.Future) -> None:
+        self.fn = fn
+        self.args = args
+        self.done = done
+
+
+def _settle(fut: asyncio.Future, ok: bool, value: Any) -> None:
+    if fut.done():
+        return
+    if ok:
+        fut.set_result(value)
+    else:
+        fut.set_exception(value)
+
+
+class ThreadRunner:
+    """Items are handled on the actor's own thread."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, name: str, handle: Callable[[Any], None]
+    ) -> None:
+        self.loop = loop
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._handle = handle
+        self.thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self.thread.start()
+
+    def put(self, item: Any) -> None:
+        self._q.put(item)
+
+    def post(self, fn: Callable[..., Any], *args: Any) -> None:
+        """From the actor's thread: run ``fn(*args)`` on the loop, in call order."""
+        try:
+            self.loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:
+            pass  # the loop is closed: the proc is exiting
+
+    def run_async(self, coro: Awaitable[Any]) -> Any:
+        """From the actor's thread: run a coroutine on the loop and wait for it."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()  # type: ignore[arg-type]
+
+    def _main(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is STOP:
+                return
+            if isinstance(item, Job):
+                self._run_job(item)
+                continue
+            self._handle(item)
+
+    def _run_job(self, job: Job) -> None:
+        try:
+            result = job.fn(*job.args)
+            if asyncio.iscoroutine(result):
+                result = self.run_async(result)
+            self.post(_settle, job.done, True, result)
+        except BaseException as e:
+            self.post(_settle, job.done, False, e)
+
+    def take_pending(self) -> list[Any]:
+        items = []
+        while True:
+            try:
+                items.append(self._q.get_nowait())
+            except queue.Empty:
+                return items
+
+    def close(self) -> None:
+        self._q.put(STOP)
+
+
+class LoopRunner:
+    """Items are handled by a task on the loop (actors whose endpoints are all async)."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        name: str,
+        handle: Callable[[Any], Awaitable[None]],
+    ) -> None:
+        self.loop = loop
+        self._q: asyncio.Queue = asyncio.Queue()
+        self._handle = handle
+        self._task = loop.create_task(self._main(), name=name)
+
+    def put(self, item: Any) -> None:
+        """On the loop."""
+        self._q.put_nowait(item)
+
+    async def _main(self) -> None:
+        while True:
+            item = await self._q.get()
+            if item is STOP:
+                return
+            if isinstance(item, Job):
+                await self._run_job(item)
+                continue
+            await self._handle(item)
+
+    async def _run_job(self, job: Job) -> None:
+        try:
+            if asyncio.iscoroutinefunction(job.fn):
+                result = await job.fn(*job.args)
+            else:  # a sync hook must not block the loop
+                result = await self.loop.run_in_executor(None, job.fn, *job.args)
+            _settle(job.done, True, result)
+        except BaseException as e:
+            _settle(job.done, False, e)
+
+    def take_pending(self) -> list[Any]:
+        items = []
+        while not self._q.empty():
+            items.append(self._q.get_nowait())
+        return items
+
+    def close(self) -> None:
+        self._q.put_nowait(STOP)
+
+    def cancel(self) -> None:
+        self._task.cancel()
