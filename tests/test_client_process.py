@@ -210,3 +210,24 @@ def test_actor_runtime_runs_without_torch_or_numpy(tmp_path, blocked):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[[1, 'x'], [1, 'x']]"
+
+
+def test_ping_pong_example(tmp_path):
+    store = tmp_path / "tmp"
+    store.mkdir()
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "ping_pong.py")],
+        env=client_env(store),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "ping plays at {}",
+        "pong plays at {}",
+        "pong returns ping's ball 0 (return #1)",
+        "pong returns ping's ball 1 (return #2)",
+        "ping returns pong's ball 0 (return #1)",
+        "ping returns pong's ball 1 (return #2)",
+    ]

@@ -18,6 +18,7 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
+import monarch.actors.actor_mesh  # noqa: F401  (registers the actor mesh reference type)
 from monarch.actors import messages as m
 from monarch.actors.actor import resolve_class
 from monarch.actors.instance import ActorInstance
