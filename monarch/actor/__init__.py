@@ -31,6 +31,8 @@ from monarch.actors.endpoint import Accumulator, as_endpoint, concurrent_endpoin
 from monarch.actors.endpoint import ActorEndpoint as Endpoint
 from monarch.actors.errors import (
     ActorError,
+    BrokerLostError,
+    MalformedMessageError,
     MeshStoppedError,
     NoActorError,
     NotAnEndpointError,
@@ -48,6 +50,7 @@ from monarch.actors.shape import Extent, Point
 from monarch.actors.supervisor import default_unhandled_fault_hook as unhandled_fault_hook
 from monarch.actors.value_mesh import ValueMesh
 from monarch.broker import config
+from monarch.broker.connect import BrokerConnectionError
 from monarch.supervision.failure import MeshFailure
 
 __all__ = [
@@ -55,6 +58,9 @@ __all__ = [
     "Actor",
     "ActorError",
     "ActorMesh",
+    "BrokerConnectionError",
+    "BrokerLostError",
+    "MalformedMessageError",
     "Channel",
     "ChannelTransport",
     "Context",

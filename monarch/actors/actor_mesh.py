@@ -170,9 +170,10 @@ class MeshState:
             return
         from monarch.actors.rpc import request_all
 
-        requests = [
+        requests = [  # ranks already dead have nobody to answer
             (subjects.ctl_proc(self.rt.namespace, uid), dumps(self.uid), {m.KIND: "stop_mesh"})
-            for uid in self.proc_uids
+            for rank, uid in enumerate(self.proc_uids)
+            if rank not in self.dead
         ]
         await request_all(self.rt, requests, self.rt.settings.stop_timeout + 5)
 

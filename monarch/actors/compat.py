@@ -1,8 +1,10 @@
 """Monarch names that exist for source compatibility, each saying what it does here.
 
 Some are thin spellings of features we have (``local_proc_mesh``,
-``proc_mesh``); the rest belong to features this build does not have yet and
-raise ``NotImplementedError`` with a sentence saying so, never a silent dummy.
+``proc_mesh``; ``attach_to_workers``, ``hosts_from_config`` and
+``run_worker_loop_forever`` are re-exported from :mod:`monarch.hosts.attach`);
+the rest belong to features this build does not have yet and raise
+``NotImplementedError`` with a sentence saying so, never a silent dummy.
 """
 
 from __future__ import annotations
@@ -12,6 +14,11 @@ from typing import Any, NoReturn
 
 from monarch.actors.host_mesh import this_host
 from monarch.actors.proc_mesh import ProcMesh
+from monarch.hosts.attach import (  # noqa: F401 - re-exported for monarch.actor
+    attach_to_workers,
+    hosts_from_config,
+    run_worker_loop_forever,
+)
 
 
 def local_proc_mesh(*, gpus: int | None = None, hosts: int = 1, **_: Any) -> ProcMesh:
@@ -37,18 +44,6 @@ def sim_proc_mesh(*args: Any, **kwargs: Any) -> NoReturn:
 
 def debug_controller(*args: Any, **kwargs: Any) -> NoReturn:
     _missing("debug_controller", "the interactive actor debugger is not built")
-
-
-def hosts_from_config(*args: Any, **kwargs: Any) -> NoReturn:
-    _missing("hosts_from_config", "multi-host meshes from host agents come with issue 6")
-
-
-def attach_to_workers(*args: Any, **kwargs: Any) -> NoReturn:
-    _missing("attach_to_workers", "multi-host meshes from host agents come with issue 6")
-
-
-def run_worker_loop_forever(*args: Any, **kwargs: Any) -> NoReturn:
-    _missing("run_worker_loop_forever", "host agents (`monarch host`) come with issue 6")
 
 
 class ChannelTransport(enum.Enum):

@@ -73,3 +73,11 @@ class ProcStartError(RuntimeError):
 
 class SpawnError(SupervisionError):
     """Creating actors failed on at least one proc (for example ``__init__`` raised)."""
+
+
+class BrokerLostError(ConnectionError):
+    """The broker connection dropped while a call was in flight; its fate is unknown."""
+
+
+class MalformedMessageError(ValueError):
+    """A message could not be read (bad bytes or headers); the receiving actor lives on."""

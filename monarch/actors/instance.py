@@ -26,7 +26,7 @@ from nats.aio.msg import Msg
 from monarch.actors import messages as m
 from monarch.actors.context import Context, Instance, set_context
 from monarch.actors.endpoint import EndpointProperty, endpoints_of
-from monarch.actors.errors import MeshStoppedError, SupervisionError
+from monarch.actors.errors import MalformedMessageError, MeshStoppedError, SupervisionError
 from monarch.actors.mailbox import Job, LoopRunner, ThreadRunner
 from monarch.actors.ports import Port
 from monarch.actors.runtime import Runtime
@@ -321,7 +321,12 @@ class ActorInstance:
         self, prop: EndpointProperty, msg: Msg, data: bytes | None = None
     ) -> tuple[tuple, dict]:
         # A big message arrives as a reference to its bytes (monarch.rdma.bulk): fetch them.
-        args, kwargs, view_spec = loads(fetch(msg.data) if data is None else data)
+        try:
+            args, kwargs, view_spec = loads(fetch(msg.data) if data is None else data)
+        except Exception as e:  # the message is at fault, not the actor: it lives on
+            raise MalformedMessageError(
+                f"{self.actor_id} could not read a message for {prop.name!r} on {msg.subject}: {e}"
+            ) from e
         if view_spec is None:
             set_context(Context(self.info, self.point))
         else:
@@ -357,6 +362,8 @@ class ActorInstance:
         if isinstance(e, CodecError):
             log.warning("%s.%s: %s", self.actor_id, prop.name, e)
         body = m.encode_error(e)
+        if isinstance(e, MalformedMessageError):
+            return False, body  # an error for a caller that waits; never the actor's failure
         if prop.explicit_response_port:
             # Nobody waits for a return value here: the exception escapes the actor.
             self.rt.call_soon(self.fail, e)
@@ -372,14 +379,20 @@ class ActorInstance:
     def _respond(self, msg: Msg, ok: bool, body: bytes, prop: EndpointProperty | None) -> None:
         """Send a handled message's outcome (loop only)."""
         if prop is not None and prop.explicit_response_port:
-            if not ok and msg.reply:
-                self._refuse(msg)  # the caller learns the actor failed, instead of waiting
+            if not ok and msg.reply:  # the caller learns why, instead of waiting
+                if self.failed is not None:
+                    self._refuse(msg)
+                else:
+                    self._publish_reply(msg.reply, "error", body)
             return  # the endpoint answers through its port
         if not msg.reply:
             if not ok and prop is not None:
                 err = m.decode_error(
                     body, actor_id=self.actor_id, rank=self.rank, endpoint=prop.name
                 )
+                if isinstance(err.exception, MalformedMessageError):
+                    log.warning("dropped a malformed message: %s", err.exception)
+                    return
                 self.fail(_with_traceback(err))  # no caller to receive it
             return
         if ok:  # a big reply stays here and travels out of band; the caller fetches it

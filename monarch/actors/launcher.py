@@ -33,10 +33,19 @@ class ProcHandle:
     returncode: int | None = None
     lost: bool = False  # its failure was already reported
     exited: threading.Event = field(default_factory=threading.Event)
+    host_uid: str | None = None  # the host agent that started it (None: this process did)
+    killer: Callable[[], None] | None = None  # how to kill it when it is not our child
 
     @property
     def pid(self) -> int | None:
         return self.popen.pid if self.popen is not None else None
+
+    def kill(self) -> None:
+        """SIGKILL the process, whether it is our child or a host agent's."""
+        if self.popen is not None:
+            self.popen.kill()
+        elif self.killer is not None:
+            self.killer()
 
 
 def proc_env(extent: Extent, rank: int) -> dict[str, str]:

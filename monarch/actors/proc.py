@@ -28,6 +28,7 @@ from monarch.actors.shape import Extent
 from monarch.broker import subjects
 from monarch.broker.codec import dumps, loads
 from monarch.broker.config import settings
+from monarch.hosts.proc_registry import register_proc
 
 log = logging.getLogger("monarch.proc")
 
@@ -183,6 +184,7 @@ async def serve(uid: str, ready: str, url: str) -> None:
         rt, create_streams=False, owner_proc=os.environ.get("MONARCH_OWNER_PROC")
     )
     server = local_server(rt)
+    register_proc(rt, server)  # a registry entry, and answers to `monarch ps`
     rt.publish(ready, dumps(os.getpid()), {m.KIND: "ready", m.FROM: uid})
     await server.stopped.wait()
     await rt.close()

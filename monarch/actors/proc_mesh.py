@@ -125,8 +125,8 @@ class ProcMeshState:
                     f"proc {handle.uid} hosting rank(s) {ranks} is gone: {why}",
                 )  # fmt: skip
                 sup.report(mesh_state.owner_proc, mesh_state.owner_actor, failure)
-        if handle.returncode is None and handle.popen is not None:
-            handle.popen.kill()  # declared dead while maybe still running: no orphans
+        if handle.returncode is None:
+            handle.kill()  # declared dead while maybe still running: no orphans
 
     async def _watch(self) -> None:
         """Owners also watch heartbeats: a silent (hung, stopped, cut off) proc is dead too."""
@@ -140,6 +140,11 @@ class ProcMeshState:
                     self._proc_lost(h, "heartbeat_lost", why)
 
             await sup.watcher.watch(h.uid, lost)
+            if h.host_uid is not None:  # a silent host agent takes its procs with it
+                await sup.watcher.watch(
+                    h.host_uid,
+                    lambda uid, why, lost=lost: lost(uid, f"its host agent {uid} is gone: {why}"),
+                )
 
     async def spawn_actors(self, mesh_state: MeshState, proc_ranks: list[int], body: bytes) -> None:
         try:
@@ -196,16 +201,21 @@ class ProcMeshState:
         procs = self.procs if procs is None else procs
         for mesh_state, _ in self.actor_meshes:
             mesh_state.mark_stopped("its proc mesh was stopped")
-        live = [p for p in procs if p.returncode is None]
-        if self.ready.done() and not self.ready.exception():
+        live = [p for p in procs if p.returncode is None and not p.lost]
+        if self.rt.nc is None or not self.rt.nc.is_connected:
+            live_to_ask: list[ProcHandle] = []  # no broker: nobody would hear a stop request
+        else:
+            live_to_ask = live
+        if self.ready.done() and not self.ready.exception() and live_to_ask:
             requests = [
-                (subjects.ctl_proc(self.rt.namespace, p.uid), b"", {m.KIND: "stop"}) for p in live
+                (subjects.ctl_proc(self.rt.namespace, p.uid), b"", {m.KIND: "stop"})
+                for p in live_to_ask
             ]
             try:
                 await request_all(self.rt, requests, self.rt.settings.stop_timeout)
             except Exception as e:
                 log.warning("graceful stop of %r incomplete: %s", self.name, e)
-        await self.launcher.wait_or_kill(live, timeout=5.0)
+        await self.launcher.wait_or_kill(live, timeout=5.0 if live_to_ask else 0.0)
         await self.logs.stop()
 
     async def shutdown(self) -> None:

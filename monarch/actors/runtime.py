@@ -19,17 +19,18 @@ import collections
 import itertools
 import logging
 import os
+import secrets
 import threading
 from collections.abc import Callable
 from typing import Any
 
-import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from monarch.actors.future import mark_loop_thread
 from monarch.broker import subjects
 from monarch.broker.config import Settings, settings
+from monarch.broker.connect import connect
 from monarch.broker.intake import subscribe_ordered
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,8 @@ class Runtime:
         self._outbox_task: asyncio.Task | None = None
         self._loop_thread_id: int | None = None
         self._closers: list[Callable[[], Any]] = []
+        # Called with False when the broker connection drops and True when it is back.
+        self.connection_listeners: list[Callable[[bool], None]] = []
         self.max_payload = 1024 * 1024
         self._own_port_prefix = subjects.port(cfg.namespace, proc_uid, "")
         self._own_ctl = subjects.ctl_proc(cfg.namespace, proc_uid)
@@ -92,11 +95,10 @@ class Runtime:
         mark_loop_thread()
         self.nats_url = url
         self._outbox_wakeup = asyncio.Event()
-        self.nc = await nats.connect(
+        self.nc = await connect(
             url,
+            self.settings,
             name=f"monarch-{self.proc_uid}",
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.2,
             error_cb=self._on_nats_error,
             disconnected_cb=self._on_disconnected,
             reconnected_cb=self._on_reconnected,
@@ -134,9 +136,13 @@ class Runtime:
 
     async def _on_disconnected(self) -> None:
         log.info("%s disconnected from the broker", self.proc_uid)
+        for listener in list(self.connection_listeners):
+            listener(False)
 
     async def _on_reconnected(self) -> None:
         log.info("%s reconnected to the broker", self.proc_uid)
+        for listener in list(self.connection_listeners):
+            listener(True)
 
     # -- threads -----------------------------------------------------------
 
@@ -267,13 +273,16 @@ def current_runtime_or_none() -> Runtime | None:
 def _start_client_runtime() -> None:
     """Start the broker if needed, the loop thread, and connect: the client becomes the root."""
     global _runtime
+    settings.cache_clear()  # the environment as it is now, when the client starts
     cfg = settings()
     broker = None
     url = cfg.nats_url
     if not url:
         from monarch.broker.server import EmbeddedBroker
 
-        broker = EmbeddedBroker().start()
+        # Loopback only, and a token that only the procs we start receive (in
+        # MONARCH_NATS_URL): other local users cannot talk to this job's broker.
+        broker = EmbeddedBroker(token=secrets.token_urlsafe(18)).start()
         url = broker.url
         # Procs we start inherit the URL through the environment.
         os.environ["MONARCH_NATS_URL"] = url

@@ -25,7 +25,7 @@ import threading
 import traceback
 from typing import Any
 
-from monarch.actors.errors import SupervisionError
+from monarch.actors.errors import BrokerLostError, SupervisionError
 from monarch.actors.runtime import Runtime
 from monarch.broker import subjects
 from monarch.broker.codec import dumps, loads
@@ -65,6 +65,7 @@ class Supervisor:
         self.watcher = Watcher(rt.nc, rt.namespace, cfg.heartbeat_timeout, rt.subscribe_mesh)
         self._reported: set[tuple[str, int]] = set()
         self._sub: Any = None
+        self._lost_timer: Any = None
 
     async def start(self, *, create_streams: bool) -> None:
         if create_streams:
@@ -104,6 +105,40 @@ class Supervisor:
             self.dispatch(failure)
         else:
             self.rt.publish(subject, body, headers)
+
+    def connection_changed(self, connected: bool) -> None:
+        """Broker lost: fail calls in flight (their messages may be lost) and start the clock."""
+        if connected:
+            self.watcher.resume()
+            if self._lost_timer is not None:
+                self._lost_timer.cancel()
+                self._lost_timer = None
+            return
+        self.watcher.pause()
+        lost = BrokerLostError(
+            f"the connection to the broker dropped while this call was in flight "
+            f"({self.rt.proc_uid}); it may or may not have been handled"
+        )
+        for st in list(self.rt.mesh_states.values()):
+            if st.local is None:
+                for gather in list(st.inflight):
+                    gather.fail(lost)
+        if self._lost_timer is None:
+            self._lost_timer = self.rt.loop.call_later(
+                self.rt.settings.broker_lost_timeout, self._broker_gone
+            )
+
+    def _broker_gone(self) -> None:
+        timeout = self.rt.settings.broker_lost_timeout
+        message = (
+            f"the broker has been unreachable for {timeout:.0f} s (MONARCH_BROKER_LOST_TIMEOUT)"
+        )
+        if not self.rt.is_client:
+            print(
+                f"monarch proc {self.rt.proc_uid}: {message}; exiting", file=sys.stderr, flush=True
+            )
+            os._exit(4)
+        self._at_root(MeshFailure("broker", "", [], "broker_lost", message))
 
     def announce_exit(self, proc_uid: str, reason: str) -> None:
         """Whoever reaped a process tells its watchers at once."""
@@ -197,6 +232,7 @@ async def start_supervision(
     rt.on_actor_failure = sup.actor_failed  # type: ignore[attr-defined]
     await sup.start(create_streams=create_streams)
     rt.on_close(sup.stop)
+    rt.connection_listeners.append(sup.connection_changed)
     if owner_proc:
 
         def owner_gone(uid: str, reason: str) -> None:

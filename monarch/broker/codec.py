@@ -235,15 +235,22 @@ class _Encoders(threading.local):
 _encoders = _Encoders()
 
 
-def dumps(obj: Any, *, allow_pickle: bool | None = None) -> bytes:
+def dumps(obj: Any, *, allow_pickle: bool | None = None, wire: str | None = None) -> bytes:
     """Encode ``obj`` as a message body; :func:`loads` gives back an equal value of the same type.
 
     Tensors come back detached and on CPU; tensors and numpy arrays travel
-    bit-exactly without pickle. ``allow_pickle=None`` means ``MONARCH_PICKLE``.
+    bit-exactly without pickle. ``allow_pickle=None`` means ``MONARCH_PICKLE``;
+    ``wire=None`` means ``MONARCH_WIRE`` (``"json"``: readable JSON, see
+    :mod:`monarch.broker.json_wire`; bodies that must stay msgpack pass ``"msgpack"``).
     Raises PicklingForbiddenError if the value needs pickle and pickle is off,
     EncodeError if it cannot be encoded at all. Thread-safe.
     """
-    allow = settings().pickle if allow_pickle is None else bool(allow_pickle)
+    cfg = settings()
+    allow = cfg.pickle if allow_pickle is None else bool(allow_pickle)
+    if (wire or cfg.wire) == "json":
+        from monarch.broker import json_wire
+
+        return json_wire.dumps(obj, allow_pickle=allow)
     enc = _encoders.by_allow[allow]
     try:
         return (_Encoder(allow) if enc.busy else enc).encode(obj)
@@ -342,9 +349,14 @@ def loads(data: bytes | bytearray | memoryview, *, allow_pickle: bool | None = N
 
     The result shares no memory with ``data``. ``allow_pickle=None`` means
     ``MONARCH_PICKLE``. Raises DecodeError for malformed bytes, unknown ext
-    codes, and pickled values when pickle is off. Thread-safe.
+    codes, and pickled values when pickle is off. Either wire mode is accepted,
+    whatever ``MONARCH_WIRE`` says. Thread-safe.
     """
     allow = settings().pickle if allow_pickle is None else bool(allow_pickle)
+    if len(data) > 1 and data[0] < 0x80:  # JSON: no msgpack body of 2+ bytes starts so
+        from monarch.broker import json_wire
+
+        return json_wire.loads(data, allow_pickle=allow)
     try:
         if len(data) >= _FRAME_HEAD.size and data[0] == 0xD7 and data[1] == _FRAME:
             view = memoryview(data)

@@ -31,6 +31,16 @@ class Settings(BaseModel):
     pickle: bool = Field(True, description="Allow cloudpickle for values msgpack cannot carry.")
     wire: Literal["msgpack", "json"] = Field("msgpack", description="Body encoding.")
     nats_server: str | None = Field(None, description="Path of the nats-server binary to run.")
+    nats_token: str | None = Field(None, description="Token for an external broker.")
+    nats_user: str | None = Field(None, description="User name for an external broker.")
+    nats_password: str | None = Field(None, description="Password for MONARCH_NATS_USER.")
+    nats_creds: str | None = Field(None, description="NATS credentials (.creds) file.")
+    nats_tls_ca: str | None = Field(None, description="CA bundle that signed the broker's cert.")
+    nats_tls_cert: str | None = Field(None, description="Client certificate for mutual TLS.")
+    nats_tls_key: str | None = Field(None, description="Key of MONARCH_NATS_TLS_CERT.")
+    broker_lost_timeout: float = Field(
+        30.0, gt=0, description="Seconds without the broker before the job fails."
+    )
     stop_timeout: float = Field(10.0, gt=0, description="Seconds a graceful stop may take.")
     spawn_timeout: float = Field(60.0, gt=0, description="Seconds for procs to come up.")
     die_with_parent: bool = Field(

@@ -89,8 +89,10 @@ class EmbeddedBroker:
         extra_args: Sequence[str] = (),
         name: str | None = None,
         max_payload: int | None = None,
+        token: str | None = None,
     ) -> None:
         self.host = host
+        self.token = token  # clients must present it (the URL carries it: nats://TOKEN@host:port)
         self.port = port  # the bound port once started
         self._fixed_port = port  # None: pick a free one, and retry if it is lost
         self.jetstream = jetstream
@@ -140,7 +142,8 @@ class EmbeddedBroker:
             outcome = self._wait_ready(port, deadline)
             if outcome == "ready":
                 self.port = port
-                self.url = f"nats://{_format_host(_connect_host(self.host))}:{port}"
+                auth = f"{self.token}@" if self.token else ""
+                self.url = f"nats://{auth}{_format_host(_connect_host(self.host))}:{port}"
                 return self
             self._kill()
             if outcome != "port-taken" or self._fixed_port:
@@ -176,6 +179,8 @@ class EmbeddedBroker:
             with open(conf, "w") as f:
                 f.write(f"max_payload: {int(self.max_payload)}\n")
             args += ["-c", conf]
+        if self.token:
+            args += ["--auth", self.token]
         args += self.extra_args
         # Logs go to stderr; usage text (bad flags) to stdout, which we drop.
         with open(self.log_path, "wb") as log:

@@ -1,25 +1,112 @@
-"""The ``monarch`` command."""
+"""The ``monarch`` command.
+
+Every subcommand's options are declared here, so ``monarch --help`` and
+``monarch COMMAND --help`` stay quick; the work is imported only when a
+command runs (``monarch.cli.<command>.run(args)``).
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import sys
 
 
-def main(argv: list[str] | None = None) -> int:
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--nats-url",
+        default=None,
+        help="broker URL(s), comma separated (default: MONARCH_NATS_URL)",
+    )
+    p.add_argument(
+        "--namespace",
+        default=None,
+        help="subject namespace (default: MONARCH_NAMESPACE or default)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="monarch", description="Monarch over NATS: actors for PyTorch, messages on NATS."
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
     demo = sub.add_parser("demo", help="run a small actor mesh on this machine (embedded broker)")
     demo.add_argument("--gpus", type=int, default=4, help="procs to start (default 4)")
+
+    broker = sub.add_parser(
+        "broker", help="run a nats-server with JetStream for monarch, in the foreground"
+    )
+    broker.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    broker.add_argument("--port", type=int, default=4222, help="client port (default 4222)")
+    broker.add_argument("--store-dir", default=None, help="JetStream storage directory")
+    broker.add_argument("--name", default=None, help="server name (default monarch-<hostname>)")
+    broker.add_argument("--http-port", type=int, default=None, help="monitoring port (e.g. 8222)")
+    broker.add_argument(
+        "server_args", nargs="*", help="after --: more nats-server flags (--cluster, --routes, ...)"
+    )
+
+    host = sub.add_parser("host", help="run a host agent: this machine starts procs for clients")
+    _common(host)
+    host.add_argument("--name", default=None, help="host name (default: this machine's hostname)")
+    host.add_argument(
+        "--labels", action="append", default=[], metavar="K=V", help="label(s), e.g. mesh=trainers"
+    )
+    host.add_argument("--capacity", type=int, default=None, help="most procs to run at once")
+    host.add_argument(
+        "--connect-timeout", type=float, default=60.0, help="seconds to wait for the broker"
+    )
+
+    ps = sub.add_parser("ps", help="list host agents, procs and actor meshes")
+    _common(ps)
+    ps.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    ps.add_argument("--window", type=float, default=1.5, help="seconds to listen for answers")
+    ps.add_argument(
+        "--prune", action="store_true", help="remove registry entries of silent hosts and procs"
+    )
+
+    tail = sub.add_parser("tail", help="print live traffic on SUBJECT, decoded")
+    _common(tail)
+    tail.add_argument("subject", nargs="?", default=None, help="default: mon.<namespace>.>")
+    tail.add_argument("--width", type=int, default=240, help="cut lines to this many characters")
+    tail.add_argument("--count", type=int, default=None, help="stop after this many messages")
+    tail.add_argument("--seconds", type=float, default=None, help="stop after this many seconds")
+    tail.add_argument(
+        "--pickle", action="store_true", help="also unpickle pickled values (trusted traffic only)"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    if getattr(args, "namespace", None):
+        os.environ["MONARCH_NAMESPACE"] = args.namespace
+        from monarch.broker.config import settings
+
+        settings.cache_clear()
     if args.command == "demo":
         from monarch.cli.demo import run
 
         return run(gpus=args.gpus)
-    parser.print_help()
-    return 2
+    return importlib.import_module(f"monarch.cli.{args.command}").run(args)
+
+
+def broker_url(args: argparse.Namespace) -> str:
+    """``--nats-url`` or ``MONARCH_NATS_URL``; exits with a message if neither is set."""
+    from monarch.broker.config import settings
+
+    url = args.nats_url or settings().nats_url
+    if not url:
+        sys.exit(
+            f"monarch {args.command}: no broker: pass --nats-url nats://HOST:4222 "
+            "or set MONARCH_NATS_URL (`monarch broker` runs one)"
+        )
+    return url
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ between transfers. A bad value raises ``ValueError`` naming the variable.
                                           advertises (default: the local address
                                           this process reaches the broker from)
 ``MONARCH_RDMA_DEVICE``        unset      ibverbs device name (default: the first)
+``MONARCH_RDMA_GID_INDEX``     0          ibverbs GID table index (RoCE v2 often needs 1 or 3)
 =============================  =========  ==========================================
 """
 
@@ -66,3 +67,7 @@ def bind_host() -> str | None:
 
 def ibverbs_device() -> str | None:
     return os.environ.get("MONARCH_RDMA_DEVICE") or None
+
+
+def gid_index() -> int:
+    return int(_number("MONARCH_RDMA_GID_INDEX", 0, integer=True))

@@ -95,7 +95,7 @@ class Memory:
             return self.view()[start:stop]
         import torch
 
-        staged = torch.empty(stop - start, dtype=torch.uint8, pin_memory=True)
+        staged = torch.empty(stop - start, dtype=torch.uint8)  # pageable: copies are synchronous
         if fill:
             staged.copy_(self.obj[start:stop])
         return memoryview(staged.numpy())

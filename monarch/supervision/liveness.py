@@ -87,6 +87,7 @@ class Watcher:
         self._subs: dict[str, Any] = {}
         self._dead: set[str] = set()
         self._task: asyncio.Task | None = None
+        self._paused = False
 
     async def watch(self, uid: str, on_dead: Callable[[str, str], None]) -> None:
         if uid in self._dead:
@@ -113,6 +114,8 @@ class Watcher:
         period = min(0.1, self.timeout / 4)
         while True:
             await asyncio.sleep(period)
+            if self._paused:
+                continue
             now = time.monotonic()
             for uid, last in list(self._last.items()):
                 if now - last > self.timeout:
@@ -131,6 +134,17 @@ class Watcher:
         sub = self._subs.pop(uid, None)
         if sub is not None:
             asyncio.get_running_loop().create_task(sub.unsubscribe())
+
+    def pause(self) -> None:
+        """Our own broker connection is down: silence says nothing about the others."""
+        self._paused = True
+
+    def resume(self) -> None:
+        """Back on the broker: everyone gets a fresh timeout from now."""
+        now = time.monotonic()
+        for uid in self._last:
+            self._last[uid] = now
+        self._paused = False
 
     def is_dead(self, uid: str) -> bool:
         return uid in self._dead

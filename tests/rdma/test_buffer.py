@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import pickle
 
 import pytest
@@ -95,7 +96,9 @@ def test_await_works(local):
     assert asyncio.run(main()) == bytes(t[16:32].numpy())
 
 
-@pytest.mark.parametrize("offset,n", [(-1, 4), (0, (1 << 16) + 1), ((1 << 16) - 3, 4), (1 << 17, 1)])
+@pytest.mark.parametrize(
+    "offset,n", [(-1, 4), (0, (1 << 16) + 1), ((1 << 16) - 3, 4), (1 << 17, 1)]
+)
 def test_out_of_range_is_a_value_error_before_anything_moves(local, offset, n):
     t, buf = local
     before = t.clone()
@@ -149,16 +152,10 @@ def test_handles_round_trip_through_codec_and_pickle(local):
     assert len(body) < 300  # a handle, not the bytes
 
 
-def test_access_key_is_required(local):
-    import dataclasses
-
-    t, buf = local
+@pytest.mark.parametrize("transport", ["same_host", "tcp"])
+def test_access_key_is_required(local, monkeypatch, transport):
+    monkeypatch.setenv("MONARCH_RDMA_TRANSPORT", transport)
+    _, buf = local
     forged = RDMABuffer._from_handle(dataclasses.replace(buf.handle, key=b"\0" * 16))
-    import os
-
-    os.environ["MONARCH_RDMA_TRANSPORT"] = "tcp"
-    try:
-        with pytest.raises(BufferDroppedError):
-            forged.read_into(bytearray(4)).get(timeout=30)
-    finally:
-        del os.environ["MONARCH_RDMA_TRANSPORT"]
+    with pytest.raises(BufferDroppedError):
+        forged.read_into(bytearray(4)).get(timeout=30)

@@ -28,9 +28,11 @@ def other_owner(nats_url):
     """A separate process owning a buffer: (process, buffer handle)."""
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "tests/rdma/owner_process.py")],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+    )
     try:
         line = proc.stdout.readline()
         buf = pickle.loads(base64.b64decode(line))
@@ -124,6 +126,11 @@ def test_a_transfer_cut_short_is_an_error_not_a_success(nats_url, monkeypatch, d
 def test_errors_share_one_base():
     from monarch.rdma import errors
 
-    for name in ("BufferDroppedError", "OwnerGoneError", "ReadOnlyBufferError",
-                 "TransportUnavailableError", "RDMATimeoutError"):  # fmt: skip
+    for name in (
+        "BufferDroppedError",
+        "OwnerGoneError",
+        "ReadOnlyBufferError",
+        "TransportUnavailableError",
+        "RDMATimeoutError",
+    ):
         assert issubclass(getattr(errors, name), RDMAError)

@@ -19,14 +19,13 @@ from monarch.rdma import (
     is_ibverbs_available,
 )
 from monarch.rdma import transports as tr
-from monarch.rdma.errors import TransportDenied
 from monarch.rdma.transports import choose_transport, ibverbs, same_host
 from tests.rdma.rdma_actors import pattern
 
 
 def test_actor_owned_buffer_read_and_written_by_the_client(owners, transport):
     buf = owners.slice(gpus=0).make.call_one("a", 1 << 20, 3).get(timeout=30)
-    assert isinstance(buf, RDMABuffer) and buf.owner != owners.slice(gpus=1)
+    assert isinstance(buf, RDMABuffer) and buf.owner.startswith("rdmaprocs-")
     assert buf.backend == transport
     dst = torch.zeros(1 << 20, dtype=torch.uint8)
     buf.read_into(dst).get(timeout=30)
@@ -122,8 +121,9 @@ def test_eperm_falls_back_to_tcp_and_is_remembered(owners, monkeypatch):
 
 
 def test_ptrace_rules(monkeypatch):
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
-                             stdin=subprocess.PIPE)  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
     try:
         monkeypatch.setattr(same_host, "ptrace_scope", lambda: None)
         assert same_host.ptrace_allows(os.getppid())[0]
@@ -142,6 +142,7 @@ def test_ptrace_rules(monkeypatch):
 
 def test_ptrace_denial_predicted_before_trying_uses_tcp(owners, monkeypatch):
     monkeypatch.setattr(tr, "_denied", {})
+    monkeypatch.setattr(tr, "_allowed", set())
     monkeypatch.setattr(same_host, "ptrace_allows", lambda pid: (False, "scope says no"))
     buf = owners.slice(gpus=0).make.call_one("scope", 256, 4).get(timeout=30)
     assert choose_transport(buf.handle).name == "tcp"
@@ -160,6 +161,25 @@ def test_ibverbs_is_detected_absent_and_never_chosen(owners):
     buf = owners.slice(gpus=0).make.call_one("ibv", 64).get(timeout=30)
     assert buf.handle.rkey == 0  # the owner registered it with no device
     assert choose_transport(buf.handle).name != "ibverbs"
+
+
+def test_ibverbs_detection_says_what_is_missing(monkeypatch):
+    ibverbs.status.cache_clear()
+    try:
+        monkeypatch.setattr(ibverbs, "import_pyverbs", lambda: None)
+        assert ibverbs.status() == (
+            False,
+            "pyverbs is not importable (Debian: apt-get install python3-pyverbs)",
+        )
+        ibverbs.status.cache_clear()
+        monkeypatch.setattr(ibverbs, "import_pyverbs", lambda: object())
+        monkeypatch.setattr(ibverbs.os.path, "isdir", lambda path: False)
+        ok, why = ibverbs.status()
+        assert not ok and "no ib modules" in why
+    finally:
+        monkeypatch.undo()
+        ibverbs.status.cache_clear()
+    assert ibverbs.status()[0] is False  # and back to the truth about this machine
 
 
 def test_ibverbs_failure_falls_back(owners, monkeypatch):
@@ -231,6 +251,9 @@ def test_cuda_buffers_and_cuda_destinations(owners):
         remote.read_into(dst).get(timeout=30)
         assert torch.equal(dst.cpu(), pattern(4096, 1))
         remote.write_from(torch.full((16,), 3, dtype=torch.uint8, device="cuda")).get(timeout=30)
-        assert owners.slice(gpus=0).contents.call_one("gpu-dst").get(timeout=30)[:16].tolist() == [3] * 16
+        assert (
+            owners.slice(gpus=0).contents.call_one("gpu-dst").get(timeout=30)[:16].tolist()
+            == [3] * 16
+        )
     finally:
         buf.drop()

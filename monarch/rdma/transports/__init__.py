@@ -38,6 +38,7 @@ _tcp = TcpTransport()
 _same_host = SameHostTransport(_tcp)
 _ibverbs: IbverbsTransport | None = None
 _denied: dict[tuple[str, str, int, int], str] = {}  # (transport, host id, pid, start) -> why
+_allowed: set[tuple[str, str, int, int]] = set()  # peers whose ptrace check passed
 _lock = threading.Lock()
 
 
@@ -71,7 +72,11 @@ def _usable(name: str, h: BufferHandle) -> tuple[Transport | None, str]:
             return None, "the owner runs on another host (or in another pid namespace)"
         if h.device != "cpu":
             return None, f"the buffer is in {h.device} memory, which process_vm_readv cannot copy"
-        ok, why = same_host.ptrace_allows(h.pid)
+        if _peer(name, h) in _allowed:
+            return _same_host, ""
+        ok, why = same_host.ptrace_allows(h.pid)  # reads /proc: done once per peer
+        if ok:
+            _allowed.add(_peer(name, h))
         return (_same_host, "") if ok else (None, why)
     ok, why = ibverbs.status()
     if not ok:

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from monarch.rdma.config import ibverbs_device
+from monarch.rdma.config import gid_index, ibverbs_device
 from monarch.rdma.errors import RDMAError, RDMATimeoutError, TransportDenied
 from monarch.rdma.handle import BufferHandle
 from monarch.rdma.memory import buffer_address
@@ -182,15 +182,16 @@ class Verbs:
 
     def __init__(self, pv: ModuleType) -> None:
         self.pv = pv
-        name = ibverbs_device() or pv.device.get_device_list()[0].name.decode()
+        first = pv.device.get_device_list()[0].name
+        name = ibverbs_device() or (first.decode() if isinstance(first, bytes) else first)
         self.name = name
         self.port = 1
-        self.gid_index = int(os.environ.get("MONARCH_RDMA_GID_INDEX", "0"))
+        self.gid_index = gid_index()
         self.ctx = pv.device.Context(name=name)
         self.pd = pv.pd.PD(self.ctx)
         port = self.ctx.query_port(self.port)
         self.lid, self.mtu = port.lid, port.active_mtu
-        self.gid = str(self.ctx.query_gid(self.port, self.gid_index))
+        self.gid = self.ctx.query_gid(self.port, self.gid_index).gid
         self.access = 0
         for flag in self.ACCESS_NAMES:
             self.access |= getattr(pv.enums, flag)

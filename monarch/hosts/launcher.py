@@ -1,0 +1,196 @@
+"""``AgentLauncher``: a proc mesh's procs, started by host agents instead of by us.
+
+It has :class:`~monarch.actors.launcher.LocalLauncher`'s interface, so
+:class:`~monarch.actors.proc_mesh.ProcMeshState` drives both the same way.
+Proc rank ``r`` of a mesh with ``n`` procs per host runs on host ``r // n``.
+The handles it returns have no ``popen``: a proc's end arrives as an ``exit``
+message from its agent (on a port of ours), and ``ProcHandle.kill()`` asks the
+agent (and, should the agent be silent, tells the proc itself to stop). The
+owner watches each agent's heartbeat besides its procs' (see
+``ProcMeshState._watch``): a host that goes silent takes its procs with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from monarch.actors import messages as m
+from monarch.actors.errors import ProcStartError
+from monarch.actors.launcher import ProcHandle
+from monarch.actors.rpc import request_all
+from monarch.actors.runtime import Runtime
+from monarch.actors.shape import Extent
+from monarch.actors.supervisor import supervisor_of
+from monarch.broker import subjects
+from monarch.broker.codec import dumps, loads
+from monarch.hosts import protocol as p
+from monarch.hosts.registry import HostInfo
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_EXIT = -1
+"""``returncode`` of a proc whose host went silent: it is gone, how is unknown."""
+
+
+class AgentLauncher:
+    """Starts and stops one proc mesh's procs through the agents of ``hosts`` (loop only)."""
+
+    def __init__(self, rt: Runtime, hosts: list[HostInfo], per_host: int) -> None:
+        self.rt = rt
+        self.hosts = hosts  # host rank -> agent
+        self.per_host = max(per_host, 1)
+        self.handles: dict[str, ProcHandle] = {}
+        self._on_exit: Callable[[ProcHandle, int], None] | None = None
+        self._port_id: int | None = None
+        self._gone: set[str] = set()  # agents declared dead
+        self._abort: asyncio.Future | None = None
+
+    async def launch(
+        self,
+        uids: list[str],
+        ready_subject: str,
+        extent: Extent,
+        on_exit: Callable[[ProcHandle, int], None],
+    ) -> list[ProcHandle]:
+        rt = self.rt
+        self._on_exit = on_exit
+        self._port_id, exits = rt.open_port(self._on_exit_msg)
+        handles = []
+        for rank, uid in enumerate(uids):
+            host = self.hosts[rank // self.per_host]
+            h = ProcHandle(uid, rank, host_uid=host.uid)
+            h.killer = lambda h=h: self._kill([h])
+            handles.append(h)
+            self.handles[uid] = h
+        self._abort = rt.loop.create_future()
+        sup = supervisor_of(rt)
+        used = list({h.host_uid: self._host(h) for h in handles}.values())
+        if sup is not None:
+            for host in used:
+                await sup.watcher.watch(host.uid, self._host_lost)
+        spec = {
+            "labels": extent.labels,
+            "sizes": extent.sizes,
+            "ready": ready_subject,
+            "exits": exits,
+            "owner": rt.proc_uid,
+            "root": rt.root_uid,
+            "settings": p.forwarded_settings(),
+        }
+        requests = [
+            (
+                subjects.ctl_host(rt.namespace, host.uid),
+                dumps(
+                    {**spec, "procs": [[h.uid, h.rank] for h in handles if h.host_uid == host.uid]}
+                ),
+                {m.KIND: p.SPAWN},
+            )
+            for host in used
+        ]
+        try:
+            replies = await request_all(rt, requests, rt.settings.spawn_timeout, self._abort)
+            for host, reply in zip(used, replies):
+                if (reply.headers or {}).get(m.KIND) == "error":
+                    err = m.decode_error(reply.data, actor_id=host.uid, rank=None, endpoint="spawn")
+                    raise ProcStartError(
+                        f"host {host.name} ({host.uid}) could not start procs: {err.exception}"
+                    )
+        except BaseException as e:
+            self._kill(handles)  # whatever did start on the other hosts
+            for h in handles:
+                h.exited.set()
+            self._close_port()
+            if isinstance(e, ProcStartError):
+                raise
+            raise ProcStartError(f"starting procs on host agents failed: {e}") from e
+        return handles
+
+    def _host(self, h: ProcHandle) -> HostInfo:
+        return self.hosts[h.rank // self.per_host]
+
+    # -- ends ------------------------------------------------------------------------
+
+    def _on_exit_msg(self, msg: Any) -> None:
+        if (msg.headers or {}).get(m.KIND) != p.EXIT:
+            return
+        try:
+            report = loads(msg.data)
+            h, code = self.handles.get(report["uid"]), int(report["code"])
+        except Exception as e:
+            log.warning("malformed exit report on %s: %r", msg.subject, e)
+            return
+        if h is None or h.exited.is_set():
+            return
+        h.exited.set()
+        if self._on_exit is not None:
+            self._on_exit(h, code)
+        self._maybe_close_port()
+
+    def _host_lost(self, host_uid: str, why: str) -> None:
+        """An agent is silent or gone: its procs will never be reported; count them gone."""
+        self._gone.add(host_uid)
+        name = next((h.name for h in self.hosts if h.uid == host_uid), host_uid)
+        if self._abort is not None and not self._abort.done():
+            self._abort.set_exception(
+                ProcStartError(f"host agent {name} ({host_uid}) is gone: {why}")
+            )
+            self._abort.exception()  # retrieved by request_all or nobody
+        # After the owner's own watchers ran (they report "heartbeat_lost"), not before.
+        self.rt.loop.call_soon(self._give_up_on, host_uid)
+
+    def _give_up_on(self, host_uid: str) -> None:
+        for h in self.handles.values():
+            if h.host_uid == host_uid and not h.exited.is_set():
+                if h.returncode is None:
+                    h.returncode = UNKNOWN_EXIT
+                h.exited.set()
+        self._maybe_close_port()
+
+    def _kill(self, handles: list[ProcHandle]) -> None:
+        """Ask each agent to SIGKILL its procs; also tell the procs to stop, should it be silent."""
+        rt, by_host = self.rt, {}
+        for h in handles:
+            if not h.exited.is_set():
+                by_host.setdefault(h.host_uid, []).append(h.uid)
+        for host_uid, uids in by_host.items():
+            rt.publish(subjects.ctl_host(rt.namespace, host_uid), dumps(uids), {m.KIND: p.KILL})
+            if host_uid in self._gone:
+                for uid in uids:
+                    rt.publish(subjects.ctl_proc(rt.namespace, uid), b"", {m.KIND: "stop"})
+
+    def _maybe_close_port(self) -> None:
+        if all(h.exited.is_set() for h in self.handles.values()):
+            self._close_port()
+
+    def _close_port(self) -> None:
+        if self._port_id is not None:
+            self.rt.close_port(self._port_id)
+            self._port_id = None
+
+    async def wait_or_kill(self, handles: list[ProcHandle], timeout: float) -> None:
+        """Wait up to ``timeout`` for each proc's exit report, then have the agents kill the rest.
+
+        Procs on an agent that is gone are not waited for; a proc whose end is
+        still unreported 5 s after the kill is given up on (logged).
+        """
+        pending = [h for h in handles if not h.exited.is_set()]
+        await _wait_exited(pending, timeout)
+        pending = [h for h in pending if not h.exited.is_set()]
+        if pending:
+            self._kill(pending)
+            await _wait_exited(pending, 5.0)
+        for h in pending:
+            if not h.exited.is_set():
+                log.warning("no exit report for proc %s from host agent %s", h.uid, h.host_uid)
+                h.exited.set()
+        self._maybe_close_port()
+
+
+async def _wait_exited(handles: list[ProcHandle], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not all(h.exited.is_set() for h in handles):
+        await asyncio.sleep(0.01)

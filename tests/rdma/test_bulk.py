@@ -1,0 +1,103 @@
+"""Big messages: arguments and replies over the broker's max_payload travel out of band."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+from monarch.actors.runtime import runtime
+from monarch.broker.codec import dumps
+from monarch.rdma import BufferDroppedError, bulk
+from monarch.rdma.owner import current_owner, local_owner
+from tests.rdma.rdma_actors import checksum, pattern
+
+
+def _bulk_entries() -> int:
+    owner = current_owner()
+    return (
+        0 if owner is None else sum(e.readers is not None for e in owner.registry._entries.values())
+    )
+
+
+def test_reference_prefix_cannot_start_any_other_body(nats_url):
+    body = bulk.offload(b"x" * (bulk.threshold() + 1), readers=1, ttl=60)
+    assert body[:4] == bulk.PREFIX and len(body) < 300
+    for value in ([1, 2], (1, 2), {"a": 1}, b"x" * 10, [bytearray(3), 1], torch.zeros(3)):
+        assert not bulk.is_reference(dumps(value))
+    assert bulk.fetch(body) == b"x" * (bulk.threshold() + 1)
+    small = dumps([1, 2, 3])
+    assert bulk.offload(small, readers=1, ttl=60) is small
+    assert bulk.fetch(small) is small
+
+
+def test_released_after_its_readers_or_its_time_to_live(nats_url):
+    data = b"y" * (bulk.threshold() + 10)
+    body = bulk.offload(data, readers=2, ttl=60)
+    assert bulk.fetch(body) == data and bulk.fetch(body) == data
+    with pytest.raises(BufferDroppedError):
+        bulk.fetch(body)
+    body = bulk.offload(data, readers=None, ttl=0.01)
+    local_owner().registry.sweep(time.monotonic() + 1)  # what the server's loop does each second
+    with pytest.raises(BufferDroppedError):
+        bulk.fetch(body)
+
+
+def test_fetch_async_runs_off_the_loop(nats_url):
+    data = b"z" * (bulk.threshold() + 10)
+    body = bulk.offload(data, readers=1, ttl=60)
+
+    async def main():
+        return await bulk.fetch_async(body), await bulk.fetch_async(b"plain")
+
+    assert asyncio.run(main()) == (data, b"plain")
+
+
+def test_tensor_argument_over_max_payload(owners, transport):
+    n = 3 * runtime().max_payload + 123
+    t = pattern(n, 9)
+    picks = [0, 1, n // 2, n - 1]
+    vm = owners.summary.call(t, picks).get(timeout=60)  # one body, fetched by both
+    for numel, total, sampled in vm.values():
+        assert numel == n and total == checksum(t) and sampled == [int(t[i]) for i in picks]
+    numel, total = owners.slice(gpus=1).asummary.call_one(t).get(timeout=60)  # async endpoint
+    assert (numel, total) == (n, checksum(t))
+    assert _bulk_entries() == 0  # every reader acknowledged: nothing held any more
+
+
+def test_reply_over_max_payload(owners, transport):
+    n = 2 * runtime().max_payload + 7
+    got = owners.slice(gpus=0).big.call_one(n, 4).get(timeout=60)
+    assert torch.equal(got, pattern(n, 4))
+    vm = owners.big.call(1000, 1).get(timeout=60)  # small replies are untouched
+    assert all(torch.equal(v, pattern(1000, 1)) for v in vm.values())
+
+
+def test_threshold_is_configurable(owners, monkeypatch):
+    monkeypatch.setenv("MONARCH_BULK_THRESHOLD", "1000")
+    t = pattern(5000)
+    assert len(bulk.offload(dumps(t), readers=1, ttl=60)) < 300
+    numel, total, _ = owners.slice(gpus=0).summary.call_one(t, []).get(timeout=30)
+    assert (numel, total) == (5000, checksum(t))
+
+
+@pytest.mark.timeout(240)
+def test_one_gib_tensor_argument(owners):
+    n = 1 << 30
+    try:
+        t = torch.empty(n, dtype=torch.uint8)
+    except RuntimeError:
+        pytest.skip("not enough memory for a 1 GiB tensor")
+    block = pattern(1 << 26)
+    for i in range(n // block.numel()):  # 16 blocks, each the pattern plus its index
+        torch.add(block, i, out=t[i * block.numel() : (i + 1) * block.numel()])
+    picks = [0, 1, 12345, (1 << 26) + 3, n // 2 + 17, n - 1]
+    expected = checksum(t)
+    start = time.monotonic()
+    numel, total, sampled = owners.slice(gpus=0).summary.call_one(t, picks).get(timeout=180)
+    assert numel == n
+    assert sampled == [int(t[i]) for i in picks]
+    assert total == expected
+    print(f"1 GiB argument: {time.monotonic() - start:.2f} s")
