@@ -25,6 +25,7 @@ from monarch.actors.errors import (
     SpawnError,
     SupervisionError,
 )
+from monarch.actors.flow import FLOW_ENDPOINT, FlowControl
 from monarch.actors.future import Future
 from monarch.actors.instance import ADHOC
 from monarch.actors.mesh_ops import MeshShapeOps
@@ -67,6 +68,8 @@ class MeshState:
         self.inflight: set[Gather] = set()
         self.proc_uids: list[str] = []  # per rank, where known (owner side)
         self.local: Any = None  # the ActorInstance when the whole mesh is in this process
+        cfg = rt.settings
+        self.flow = FlowControl(name, cfg.flow_timeout, cfg.flow_batch, cfg.flow_window)
         self.owner_proc = rt.proc_uid  # where the owner lives, and who it is
         self.owner_actor = "client"
         rt.mesh_states[uid] = self
@@ -376,13 +379,32 @@ class ActorMesh(MeshShapeOps, Generic[A]):
             raise ValueError(f"selection must be 'all' or 'choose', not {selection!r}")
         return view.subject_tokens(), list(view.ranks)
 
+    def _flow(self) -> None:
+        """Count a message; wait if too far ahead of the mesh; send a marker when due."""
+        st = self._state
+        if st.local is not None:
+            return  # in-process delivery: the caller is never far ahead of a queue it fills
+        st.flow.wait_for_room(can_block=not st.rt.on_loop_thread())
+        if st.flow.count():
+            whole = ActorMesh(st, View.full(st.base))
+            marker = whole._call(FLOW_ENDPOINT, (), {}, gather="mesh", flow=False)
+            marker.add_callback(st.flow.acknowledged)
+
     def _call(
-        self, endpoint: str, args: tuple, kwargs: dict, gather: str, adhoc: str | None = None
+        self,
+        endpoint: str,
+        args: tuple,
+        kwargs: dict,
+        gather: str,
+        adhoc: str | None = None,
+        flow: bool = True,
     ) -> Any:
         body, headers = self._encode(endpoint, args, kwargs, "call", adhoc)
         tokens, expected = self._targets("choose" if gather == "choose" else "all")
         g = Gather(self._state, self._view, expected, gather, endpoint)
         self._state.rt.call_soon(self._state.send, tokens, body, headers, g)
+        if flow:
+            self._flow()
         return g.futures if gather == "stream" else g.futures[0]
 
     def _cast(
@@ -399,6 +421,7 @@ class ActorMesh(MeshShapeOps, Generic[A]):
         tokens, _ = self._targets(selection)
         reply = port.subject if port is not None else ""
         self._state.rt.call_soon(self._state.send, tokens, body, headers, None, reply)
+        self._flow()
 
 
 def spawn_error(name: str, rank: int, err: BaseException) -> SpawnError:

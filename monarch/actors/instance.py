@@ -27,6 +27,7 @@ from monarch.actors import messages as m
 from monarch.actors.context import Context, Instance, set_context
 from monarch.actors.endpoint import EndpointProperty, endpoints_of
 from monarch.actors.errors import MalformedMessageError, MeshStoppedError, SupervisionError
+from monarch.actors.flow import FLOW_ENDPOINT
 from monarch.actors.mailbox import Job, LoopRunner, ThreadRunner
 from monarch.actors.ports import Port
 from monarch.actors.runtime import Runtime
@@ -38,6 +39,13 @@ from monarch.supervision.failure import MeshFailure, SupervisionFailure
 log = logging.getLogger(__name__)
 
 ADHOC = "Mon-Adhoc"  # header: the caller used as_endpoint() on a plain method
+
+
+def _flow_marker(self: Any) -> None:
+    return None
+
+
+_FLOW = EndpointProperty(_flow_marker)
 
 
 class _Supervise:
@@ -310,6 +318,8 @@ class ActorInstance:
         headers = msg.headers or {}
         name = headers.get(m.ENDPOINT, "")
         prop = self.endpoints.get(name)
+        if prop is None and name == FLOW_ENDPOINT:
+            return _FLOW  # a sender's flow marker: answered when reached, in order
         if prop is None and headers.get(ADHOC) and not name.startswith("_"):
             method = getattr(self.cls, name, None)
             if callable(method):  # the caller opted in with as_endpoint()
@@ -323,6 +333,11 @@ class ActorInstance:
         # A big message arrives as a reference to its bytes (monarch.rdma.bulk): fetch them.
         try:
             args, kwargs, view_spec = loads(fetch(msg.data) if data is None else data)
+            if not isinstance(args, (tuple, list)) or not isinstance(kwargs, dict):
+                raise TypeError("the body is not (args, kwargs, view)")
+            if view_spec is not None:
+                labels, sizes, ranks = view_spec
+                message_point = Point(ranks.index(self.rank), Extent(labels, sizes))
         except Exception as e:  # the message is at fault, not the actor: it lives on
             raise MalformedMessageError(
                 f"{self.actor_id} could not read a message for {prop.name!r} on {msg.subject}: {e}"
@@ -330,8 +345,7 @@ class ActorInstance:
         if view_spec is None:
             set_context(Context(self.info, self.point))
         else:
-            labels, sizes, ranks = view_spec
-            set_context(Context(self.info, Point(ranks.index(self.rank), Extent(labels, sizes))))
+            set_context(Context(self.info, message_point))
         if prop.explicit_response_port:
             args = (Port(msg.reply or "", self.rank), *args)
         return args, kwargs

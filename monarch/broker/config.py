@@ -38,6 +38,11 @@ class Settings(BaseModel):
     nats_tls_ca: str | None = Field(None, description="CA bundle that signed the broker's cert.")
     nats_tls_cert: str | None = Field(None, description="Client certificate for mutual TLS.")
     nats_tls_key: str | None = Field(None, description="Key of MONARCH_NATS_TLS_CERT.")
+    flow_timeout: float = Field(
+        60.0, gt=0, description="Seconds a sender may be held back by a slow mesh before it errs."
+    )
+    flow_batch: int = Field(1000, ge=1, description="Messages between two flow markers.")
+    flow_window: int = Field(16, ge=1, description="Unanswered flow markers before a sender waits.")
     broker_lost_timeout: float = Field(
         30.0, gt=0, description="Seconds without the broker before the job fails."
     )

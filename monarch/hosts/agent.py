@@ -95,7 +95,11 @@ class HostAgent:
     async def start(self, connect_timeout: float = 60.0) -> None:
         self.loop = asyncio.get_running_loop()
         self.nc = await connect(
-            self.url, f"monarch-host-{self.uid}", connect_timeout, reconnected_cb=self._register
+            self.url,
+            f"monarch-host-{self.uid}",
+            connect_timeout,
+            disconnected_cb=self._on_disconnected,
+            reconnected_cb=self._on_reconnected,
         )
         # Procs reach the broker the way we do; a list of servers may not suit them.
         self.proc_url = self.url if "," not in self.url else connected_url(self.nc)
@@ -125,9 +129,21 @@ class HostAgent:
         await self.nc.flush()  # the server has our subscription: requests reach us from now on
 
     async def _register(self) -> None:
-        """Put our entry (again: after a reconnect the broker may have lost it)."""
+        """Put our entry (again after a reconnect: the broker may have lost it)."""
         if self.info is not None:
             await self.hosts_kv.put(self.uid, self.info.to_json())
+
+    async def _on_disconnected(self) -> None:
+        # Cut off from the broker, we hear no owner: their silence means nothing until we
+        # are back (procs give up on their own after MONARCH_BROKER_LOST_TIMEOUT).
+        if hasattr(self, "watcher"):
+            self.watcher.pause()
+
+    async def _on_reconnected(self) -> None:
+        if hasattr(self, "watcher"):
+            self.watcher.resume()
+        with contextlib.suppress(Exception):
+            await self._register()
 
     async def close(self) -> None:
         """Stop every proc (SIGTERM, then SIGKILL), report their exits, deregister, go."""

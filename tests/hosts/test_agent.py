@@ -80,7 +80,9 @@ def test_agent_refuses_what_exceeds_its_capacity_and_unknown_requests(nats_url):
                 spec = {"procs": [["p-a", 0], ["p-b", 1]], "labels": ["gpus"], "sizes": [2],
                         "ready": "mon.default.port.x.1", "exits": "mon.default.port.x.2",
                         "owner": "client-x", "root": "client-x"}  # fmt: skip
-                too_many = await nc.request(subject, dumps(spec), timeout=10, headers={m.KIND: SPAWN})
+                too_many = await nc.request(
+                    subject, dumps(spec), timeout=10, headers={m.KIND: SPAWN}
+                )
                 unknown = await nc.request(subject, b"", timeout=10, headers={m.KIND: "reboot"})
                 return too_many, unknown
             finally:

@@ -1,0 +1,30 @@
+"""Actors for the overload tests (importable by procs)."""
+
+from __future__ import annotations
+
+import time
+
+from monarch.actor import Actor, endpoint
+
+
+class Sink(Actor):
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.seen = 0
+        self.in_order = True
+
+    @endpoint
+    def take(self, i: int) -> None:
+        if i != self.seen:
+            self.in_order = False
+        self.seen += 1
+        if self.delay:
+            time.sleep(self.delay)
+
+    @endpoint
+    def count(self) -> tuple:
+        return self.seen, self.in_order
+
+    @endpoint
+    def hang(self) -> None:
+        time.sleep(3600)
