@@ -90,7 +90,9 @@ class ActorInstance:
         self._done = False  # stop or failure handling has begun
         label = f"actor {self.actor_id}"
         if any(not p.is_async for p in self.endpoints.values()):
-            self._runner: ThreadRunner | LoopRunner = ThreadRunner(rt.loop, label, self._on_thread)
+            self._runner: ThreadRunner | LoopRunner = ThreadRunner(
+                rt.loop, label, self._on_thread, rt.call_soon
+            )
         else:
             self._runner = LoopRunner(rt.loop, label, self._on_loop)
 

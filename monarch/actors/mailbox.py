@@ -49,9 +49,14 @@ class ThreadRunner:
     """Items are handled on the actor's own thread."""
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, name: str, handle: Callable[[Any], None]
+        self,
+        loop: asyncio.AbstractEventLoop,
+        name: str,
+        handle: Callable[[Any], None],
+        post: Callable[..., None],
     ) -> None:
         self.loop = loop
+        self._post = post  # the runtime's FIFO hand-over to the loop
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._handle = handle
         self.thread = threading.Thread(target=self._main, name=name, daemon=True)
@@ -61,11 +66,9 @@ class ThreadRunner:
         self._q.put(item)
 
     def post(self, fn: Callable[..., Any], *args: Any) -> None:
-        """From the actor's thread: run ``fn(*args)`` on the loop, in call order."""
-        try:
-            self.loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:
-            pass  # the loop is closed: the proc is exiting
+        """From the actor's thread: run ``fn(*args)`` on the loop, in the same order
+        as everything else this thread hands over (sends to other actors too)."""
+        self._post(fn, *args)
 
     def run_async(self, coro: Awaitable[Any]) -> Any:
         """From the actor's thread: run a coroutine on the loop and wait for it."""

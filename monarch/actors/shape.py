@@ -139,7 +139,7 @@ class Point(Mapping[str, int]):
 class View:
     """A view's extent plus, per view rank, the member's rank in the base mesh."""
 
-    __slots__ = ("extent", "base", "ranks")
+    __slots__ = ("extent", "base", "ranks", "_tokens")
 
     def __init__(self, extent: Extent, base: Extent, ranks: Sequence[int]) -> None:
         if len(ranks) != extent.nelements:
@@ -147,6 +147,7 @@ class View:
         self.extent = extent
         self.base = base
         self.ranks = tuple(ranks)
+        self._tokens: list[list[str]] | None = None
 
     @classmethod
     def full(cls, extent: Extent) -> View:
@@ -240,6 +241,11 @@ class View:
         slice does), each dimension becomes ``_`` when whole, and is otherwise
         enumerated; other shapes fall back to one publish per member.
         """
+        if self._tokens is None:  # a view never changes: compute once
+            self._tokens = self._compute_tokens()
+        return self._tokens
+
+    def _compute_tokens(self) -> list[list[str]]:
         base = self.base
         coords = [base.coords(r) for r in self.ranks]
         per_dim = [sorted({c[i] for c in coords}) for i in range(len(base))]
