@@ -231,3 +231,22 @@ def test_ping_pong_example(tmp_path):
         "ping returns pong's ball 0 (return #1)",
         "ping returns pong's ball 1 (return #2)",
     ]
+
+
+def test_script_that_never_stops_its_procs_still_cleans_up(tmp_path):
+    store = tmp_path / "tmp"
+    store.mkdir()
+    marker = tmp_path / "cleanup.txt"
+    result, _ = run_script(
+        tmp_path,
+        f"""
+        from monarch.actor import this_host
+        from tests.supervision.sup_actors import Worker
+        pm = this_host().spawn_procs(per_host={{"gpus": 1}})
+        w = pm.spawn("w", Worker, {str(marker)!r})
+        print(w.ping.call_one(1).get(), flush=True)
+        # no pm.stop(): the client stops its procs in order at exit
+        """,
+    )
+    assert result.returncode == 0, result.stderr
+    assert marker.read_text().strip() == "worker cleanup None"

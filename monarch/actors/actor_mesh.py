@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import threading
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from monarch.actors import messages as m
@@ -68,6 +69,7 @@ class MeshState:
         self.inflight: set[Gather] = set()
         self.proc_uids: list[str] = []  # per rank, where known (owner side)
         self.local: Any = None  # the ActorInstance when the whole mesh is in this process
+        self.settled = threading.Event()  # spawned (or failed): references may leave now
         cfg = rt.settings
         self.flow = FlowControl(name, cfg.flow_timeout, cfg.flow_batch, cfg.flow_window)
         self.owner_proc = rt.proc_uid  # where the owner lives, and who it is
@@ -81,12 +83,14 @@ class MeshState:
 
     def mark_ready(self) -> None:
         self.ready = True
+        self.settled.set()
         queued, self._queued = self._queued, []
         for args in queued:
             self._publish(*args)
 
     def mark_failed(self, exc: BaseException) -> None:
         self.error = exc
+        self.settled.set()
         queued, self._queued = self._queued, []
         for _tokens, _body, _headers, gather, _reply in queued:
             if gather is not None:
@@ -437,6 +441,10 @@ _MESH_EXT = 16
 
 def _encode_mesh(mesh: ActorMesh) -> list:
     st, view = mesh._state, mesh._view
+    if not st.settled.is_set() and not st.rt.on_loop_thread():
+        # A reference handed out while the actors are still being spawned would
+        # be taken for a ready mesh elsewhere: wait (bounded) until they exist.
+        st.settled.wait(st.rt.settings.spawn_timeout)
     cls_ref = class_ref(st.cls) if st.cls is not None else None
     return [
         st.name,
@@ -448,20 +456,45 @@ def _encode_mesh(mesh: ActorMesh) -> list:
         view.extent.labels,
         view.extent.sizes,
         list(view.ranks),
+        list(st.proc_uids),
     ]
 
 
 def _decode_mesh(fields: list) -> ActorMesh:
-    name, uid, cls_ref, class_name, blabels, bsizes, vlabels, vsizes, ranks = fields
+    name, uid, cls_ref, class_name, blabels, bsizes, vlabels, vsizes, ranks = fields[:9]
+    proc_uids = fields[9] if len(fields) > 9 else []
     rt = runtime()
     st = rt.mesh_states.get(uid)
     if st is None:
         cls = resolve_class(cls_ref) if cls_ref is not None else None
         st = MeshState(rt, name, uid, cls, class_name, Extent(blabels, bsizes))
-        st.ready = True  # it existed when the reference was made
+        st.proc_uids = list(proc_uids)
+        st.mark_ready()  # it existed when the reference was made
         rt.mesh_states[uid] = st
+        rt.call_soon(_watch_procs, st)
     base = st.base
     return ActorMesh(st, View(Extent(vlabels, vsizes), base, ranks))
+
+
+def _watch_procs(st: MeshState) -> None:
+    """A holder of a reference learns of a dead proc too, so its calls in flight fail."""
+    sup = getattr(st.rt, "supervisor", None)
+    if sup is None or not st.proc_uids:
+        return
+    for uid in set(st.proc_uids):
+        ranks = [r for r, u in enumerate(st.proc_uids) if u == uid]
+
+        def dead(uid: str, why: str, ranks: list[int] = ranks) -> None:
+            st.mark_dead(
+                ranks,
+                SupervisionError(
+                    f"proc {uid} hosting rank(s) {ranks} of actor mesh {st.name!r} is gone: {why}",
+                    actor_id=st.actor_id(ranks[0]),
+                    rank=ranks[0],
+                ),
+            )
+
+        st.rt.loop.create_task(sup.watcher.watch(uid, dead))
 
 
 register_ext(_MESH_EXT, ActorMesh, _encode_mesh, _decode_mesh)

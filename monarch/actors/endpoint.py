@@ -137,9 +137,14 @@ class ActorEndpoint(Generic[R]):
         return iter(futures)
 
     def rref(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(
-            "endpoint.rref() belongs to the tensor engine, which this build does not have yet"
-        )
+        """Tensor engine: call this endpoint on the procs where the tensors live; handles back.
+
+        Imported lazily so that the actor API does not import torch
+        (see :func:`monarch.tensors.remote.actor_rref`).
+        """
+        from monarch.tensors.remote import actor_rref
+
+        return actor_rref(self, args, kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(

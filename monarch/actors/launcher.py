@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import queue
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from monarch.actors.shape import Extent
@@ -70,18 +70,36 @@ def proc_env(extent: Extent, rank: int) -> dict[str, str]:
     return env
 
 
+_jobs: queue.SimpleQueue | None = None
+_jobs_lock = threading.Lock()
+
+
+def _launcher() -> queue.SimpleQueue:
+    """The one thread that starts procs: a plain daemon thread that lives as long as
+    the process. Not an executor: ``concurrent.futures`` ends its threads at
+    interpreter exit, before atexit handlers run, and the kernel would then kill
+    every proc (parent-death signal) before the client could stop them in order."""
+    global _jobs
+    with _jobs_lock:
+        if _jobs is None:
+            _jobs = queue.SimpleQueue()
+            jobs = _jobs
+
+            def run() -> None:
+                while True:
+                    jobs.get()()
+
+            threading.Thread(target=run, name="monarch-launcher", daemon=True).start()
+        return _jobs
+
+
+def _settle(fut: asyncio.Future, error: BaseException | None) -> None:
+    if not fut.done():
+        fut.set_result(None) if error is None else fut.set_exception(error)
+
+
 class LocalLauncher:
     """Starts procs as children of this process."""
-
-    _thread: ThreadPoolExecutor | None = None
-    _lock = threading.Lock()
-
-    @classmethod
-    def _launcher_thread(cls) -> ThreadPoolExecutor:
-        with cls._lock:
-            if cls._thread is None:
-                cls._thread = ThreadPoolExecutor(1, thread_name_prefix="monarch-launcher")
-            return cls._thread
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -121,7 +139,17 @@ class LocalLauncher:
                     target=self._reap, args=(h, on_exit), name=f"reaper-{h.uid}", daemon=True
                 ).start()
 
-        await self.loop.run_in_executor(self._launcher_thread(), start_all)
+        done = self.loop.create_future()
+
+        def job() -> None:
+            try:
+                start_all()
+                self.loop.call_soon_threadsafe(_settle, done, None)
+            except BaseException as e:
+                self.loop.call_soon_threadsafe(_settle, done, e)
+
+        _launcher().put(job)
+        await done
         return handles
 
     def _reap(self, h: ProcHandle, on_exit: Callable[[ProcHandle, int], None]) -> None:

@@ -263,7 +263,10 @@ def _owned_by_caller(mesh: Any) -> None:
     """Inside an actor, what it spawns is stopped before the actor cleans up."""
     ctx = _current.get()
     if ctx is not None:
-        ctx.actor_instance.owned.append(mesh)
+        owned = ctx.actor_instance.owned
+        # forget meshes already stopped, so an actor that respawns does not pile them up
+        owned[:] = [o for o in owned if getattr(o, "stopped", None) is None]
+        owned.append(mesh)
 
 
 class ProcMesh(MeshShapeOps):
@@ -362,6 +365,16 @@ class ProcMesh(MeshShapeOps):
         """
         st = self._state
         st.logs.set_mode(LogMode(stream_to_client, aggregate_window_sec, level), st.ready)
+
+    def activate(self) -> Any:
+        """Tensor engine: ``with procs.activate():`` makes torch calls run on these procs.
+
+        Imported lazily so that the actor API does not import torch
+        (see :mod:`monarch.tensors.mode`).
+        """
+        from monarch.tensors.mode import activate
+
+        return activate(self)
 
     def stop(self) -> Future[None]:
         """Stop every actor and process of this mesh; completes when they are gone."""

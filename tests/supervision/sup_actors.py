@@ -106,3 +106,18 @@ class Owner(Actor):
 
     def __cleanup__(self, exc) -> None:
         self._log(f"{self.name} cleanup")
+
+
+class Holder(Actor):
+    """Owns a worker mesh and hands out a reference to it."""
+
+    def __init__(self) -> None:
+        self.procs = this_host().spawn_procs(per_host={"gpus": 1})
+        self.worker = self.procs.spawn("held", Worker)
+
+    @endpoint
+    def ref(self):
+        return self.worker  # the reference waits until the worker exists
+
+    def __supervise__(self, failure) -> bool:
+        return True

@@ -196,3 +196,16 @@ def test_client_death_makes_its_procs_exit_through_heartbeats(tmp_path, nats_url
         for x in pids + sorted(descendants(p.pid)):
             if pid_alive(x):
                 os.kill(x, signal.SIGKILL)
+
+
+def test_call_through_a_reference_fails_when_the_proc_dies(procs):
+    """The caller is not the owner: it learns of the death from the heartbeat subject."""
+    from tests.supervision.sup_actors import Holder
+
+    holder = procs.slice(gpus=0).spawn("holder", Holder)
+    worker = holder.ref.call_one().get(timeout=60)  # first use right away: it is ready
+    pid = worker.pid.call_one().get(timeout=30)
+    in_flight = worker.block.call_one()
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(SupervisionError, match="gone"):
+        in_flight.get(timeout=30)
