@@ -35,7 +35,7 @@ from monarch.actors.shape import Extent, View
 from monarch.actors.value_mesh import ValueMesh
 from monarch.broker import subjects
 from monarch.broker.codec import dumps, register_ext
-from monarch.rdma.bulk import offload
+from monarch.rdma.bulk import fetch_async, is_reference, offload
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
@@ -240,6 +240,26 @@ class Gather:
         except (KeyError, ValueError):
             return
         if rank in self.values or rank not in self.expected:
+            return
+        if headers.get(m.KIND) != "error" and is_reference(msg.data):
+            # A big reply is a reference to bytes kept by the replier: fetch them
+            # off the loop, then come back here with the real body.
+            self.state.rt.loop.create_task(self._fetch_then_take(msg))
+            return
+        self._take(rank, msg)
+
+    async def _fetch_then_take(self, msg: Msg) -> None:
+        try:
+            data = await fetch_async(msg.data)
+        except Exception as e:
+            self.fail(e)
+            return
+        self._take(
+            int((msg.headers or {})[m.RANK]), LocalMsg(msg.subject, data, msg.reply, msg.headers)
+        )
+
+    def _take(self, rank: int, msg: Msg) -> None:
+        if rank in self.values:
             return
         try:
             ok, value = m.decode_reply(msg)

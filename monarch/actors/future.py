@@ -69,6 +69,8 @@ class Future(Generic[R]):
         try:
             return self._cf.result(timeout)
         except concurrent.futures.TimeoutError:
+            if self._cf.done():
+                raise  # the result itself is a TimeoutError (on 3.11 the two are one class)
             raise TimeoutError(f"future not done after {timeout} s") from None
 
     def result(self, timeout: float | None = None) -> R:

@@ -362,7 +362,13 @@ class ActorInstance:
 
     async def _invoke_async(self, prop: EndpointProperty, msg: Msg) -> tuple[bool, bytes]:
         try:
-            args, kwargs = self._prepare(prop, msg, await fetch_async(msg.data))
+            try:
+                data = await fetch_async(msg.data)
+            except Exception as e:  # the message's bytes are gone: not the actor's failure
+                raise MalformedMessageError(
+                    f"{self.actor_id} could not fetch a message: {e}"
+                ) from e
+            args, kwargs = self._prepare(prop, msg, data)
             result = await prop._method(self.obj, *args, **kwargs)
             return True, self._encode_result(prop, msg, result)
         except Exception as e:

@@ -14,13 +14,15 @@ acknowledgements, or after ``ttl`` seconds (``MONARCH_BULK_TTL``, default
 The reference is ``dumps(BulkRef(handle))``, a codec ext type of its own
 (21), so its first bytes (``92 c7 00 15``: an array of two whose first item
 is the empty ext 21) can never start a body the codec makes for anything
-else: bodies that are not references pass through ``fetch`` untouched.
+else: bodies that are not references pass through ``fetch`` untouched. The
+reference is msgpack even when ``MONARCH_WIRE=json`` (``loads`` reads both).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import mmap
 
 from monarch.actors.runtime import current_runtime_or_none
 from monarch.broker.codec import dumps, loads, register_ext
@@ -67,15 +69,18 @@ def offload(body: bytes, *, readers: int | None, ttl: float | None = None) -> by
         return body
     ttl = config.bulk_ttl() if ttl is None else ttl
     handle = local_owner().register(as_memory(body, "message body"), readers=readers, ttl=ttl)
-    return dumps(BulkRef(handle))
+    return dumps(BulkRef(handle), wire="msgpack")  # the marker is msgpack in every wire mode
 
 
 def is_reference(body: bytes | bytearray | memoryview) -> bool:
     return len(body) >= 4 and bytes(body[:4]) == PREFIX
 
 
-def fetch(body: bytes, *, timeout: float | None = None) -> bytes | bytearray:
+def fetch(body: bytes, *, timeout: float | None = None) -> bytes | bytearray | memoryview:
     """The original bytes of ``body`` (``body`` itself unless it is a reference). Blocks.
+
+    A fetched body is a bytearray, or a memoryview of anonymous memory when big;
+    both are what :func:`~monarch.broker.codec.loads` takes.
 
     Raises BufferDroppedError if the body was already released, OwnerGoneError
     if its sender has exited, RDMATimeoutError after ``timeout`` seconds
@@ -88,7 +93,12 @@ def fetch(body: bytes, *, timeout: float | None = None) -> bytes | bytearray:
         return body
     handle = ref.handle
     deadline = transfer.deadline_in(config.bulk_timeout() if timeout is None else timeout)
-    data = bytearray(handle.size)
+    # Anonymous memory, not bytearray(n): the kernel zeroes its pages on first touch, inside
+    # the copy's system calls, where the GIL is released; bytearray(n) would memset 1 GiB
+    # holding the GIL (and stall the proc's event loop, heartbeats included).
+    data = (
+        memoryview(mmap.mmap(-1, handle.size)) if handle.size >= 1 << 20 else bytearray(handle.size)
+    )
     transfer.read(handle, 0, as_memory(data), deadline)
     try:
         transfer.ack(handle, transfer.deadline_in(5.0))
@@ -97,7 +107,9 @@ def fetch(body: bytes, *, timeout: float | None = None) -> bytes | bytearray:
     return data
 
 
-async def fetch_async(body: bytes, *, timeout: float | None = None) -> bytes | bytearray:
+async def fetch_async(
+    body: bytes, *, timeout: float | None = None
+) -> bytes | bytearray | memoryview:
     """:func:`fetch` for event loops: the copy runs on a worker thread, not on the loop."""
     if not is_reference(body):
         return body

@@ -1,22 +1,33 @@
-"""Actor classes for the rdma tests (importable by procs, so they travel by reference)."""
+"""Actor classes for the rdma tests (importable by procs, so they travel by reference).
+
+torch is imported inside functions, not here: a proc imports this module on its
+event loop when it resolves the class, and importing torch there (seconds on a
+busy machine) would stall the proc's heartbeats past MONARCH_HEARTBEAT_TIMEOUT.
+"""
 
 from __future__ import annotations
 
 import os
-
-import torch
+from typing import TYPE_CHECKING
 
 from monarch.actor import Actor, endpoint
 from monarch.rdma import RDMAAction, RDMABuffer
 
+if TYPE_CHECKING:
+    import torch
+
 
 def pattern(n: int, seed: int = 0) -> torch.Tensor:
     """Position-dependent bytes (byte i is (i * 7 + seed) % 251), cheap to check anywhere."""
+    import torch
+
     return ((torch.arange(n, dtype=torch.int64) * 7 + seed) % 251).to(torch.uint8)
 
 
 def checksum(t: torch.Tensor) -> int:
     """A cheap position-sensitive-enough sum: 8 bytes at a time as int64 (wrapping), then the tail."""
+    import torch
+
     body = t.numel() - t.numel() % 8
     return int(t[:body].view(torch.int64).sum()) + int(t[body:].sum())
 

@@ -19,8 +19,14 @@ import pytest
 from monarch.rdma import OwnerGoneError, RDMABuffer, RDMAError, RDMATimeoutError
 from monarch.rdma import protocol as p
 from monarch.rdma.transports import tcp_transport
+from tests.conftest import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 @pytest.fixture
@@ -68,6 +74,7 @@ def test_stopped_owner_times_out_instead_of_hanging(other_owner, monkeypatch):
     proc, buf = other_owner
     buf.read_into(bytearray(4)).get(timeout=30)
     os.kill(proc.pid, signal.SIGSTOP)
+    assert wait_until(lambda: _state(proc.pid) == "T")  # the signal takes effect asynchronously
     with pytest.raises(RDMATimeoutError) as info:
         buf.read_into(bytearray(4), timeout=0.5).get(timeout=30)
     assert isinstance(info.value, TimeoutError)
