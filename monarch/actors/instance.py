@@ -334,7 +334,9 @@ class ActorInstance:
     ) -> tuple[tuple, dict]:
         # A big message arrives as a reference to its bytes (monarch.rdma.bulk): fetch them.
         try:
-            args, kwargs, view_spec = loads(fetch(msg.data) if data is None else data)
+            body = fetch(msg.data) if data is None else data
+            # A fetched big body is ours alone: tensors in it are used in place.
+            args, kwargs, view_spec = loads(body, take=body is not msg.data)
             if not isinstance(args, (tuple, list)) or not isinstance(kwargs, dict):
                 raise TypeError("the body is not (args, kwargs, view)")
             if view_spec is not None:

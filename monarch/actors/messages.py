@@ -60,4 +60,5 @@ def decode_reply(msg: Any) -> tuple[bool, Any]:
     headers = msg.headers or {}
     if headers.get(KIND) == "error":
         return False, msg.data
-    return True, loads(fetch(msg.data))  # a big reply is a reference: fetch its bytes (blocks)
+    body = fetch(msg.data)  # a big reply is a reference: fetch its bytes (blocks)
+    return True, loads(body, take=body is not msg.data)

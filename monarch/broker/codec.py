@@ -263,10 +263,10 @@ def dumps(obj: Any, *, allow_pickle: bool | None = None, wire: str | None = None
 class _Decoder:
     """msgpack hooks for one body; ``region`` is its out-of-band buffer area."""
 
-    __slots__ = ("allow_pickle", "region")
+    __slots__ = ("allow_pickle", "region", "take")
 
-    def __init__(self, allow_pickle: bool, region: memoryview) -> None:
-        self.allow_pickle, self.region = allow_pickle, region
+    def __init__(self, allow_pickle: bool, region: memoryview, take: bool = False) -> None:
+        self.allow_pickle, self.region, self.take = allow_pickle, region, take
 
     def ext_hook(self, code: int, data: bytes) -> Any:
         mark = _marks.get(code)
@@ -301,6 +301,8 @@ class _Decoder:
                 )
         if offset + nbytes > len(self.region):
             raise DecodeError(f"bad buffer reference: {offset}+{nbytes} > {len(self.region)} bytes")
+        if self.take and shape is not None and not self.region.readonly:
+            return self.region[offset : offset + nbytes]  # a view: the caller gave us the buffer
         return bytearray(self.region[offset : offset + nbytes])
 
     def build_tuple(self, items: list) -> tuple:
@@ -344,10 +346,15 @@ _TUPLE_EXT, _NDARRAY_EXT, _TENSOR_EXT, _BYTEARRAY_EXT = (m.ext for m in _TYPE_MA
 _plain_decoders = {allow: _Decoder(allow, memoryview(b"")) for allow in (True, False)}
 
 
-def loads(data: bytes | bytearray | memoryview, *, allow_pickle: bool | None = None) -> Any:
+def loads(
+    data: bytes | bytearray | memoryview, *, allow_pickle: bool | None = None, take: bool = False
+) -> Any:
     """Decode a body made by :func:`dumps`. Tensors and arrays come back writable, on CPU.
 
-    The result shares no memory with ``data``. ``allow_pickle=None`` means
+    The result shares no memory with ``data``, unless ``take`` is true and
+    ``data`` is writable: then the caller hands the buffer over (it must not
+    reuse it) and tensors and arrays are views into it, with no copy (used for
+    big bodies fetched out of band). ``allow_pickle=None`` means
     ``MONARCH_PICKLE``. Raises DecodeError for malformed bytes, unknown ext
     codes, and pickled values when pickle is off. Either wire mode is accepted,
     whatever ``MONARCH_WIRE`` says. Thread-safe.
@@ -363,7 +370,7 @@ def loads(data: bytes | bytearray | memoryview, *, allow_pickle: bool | None = N
             end = _FRAME_HEAD.size + _FRAME_HEAD.unpack_from(view)[2]
             if end > len(view):
                 raise DecodeError(f"truncated body: its frame says {end} bytes, got {len(view)}")
-            dec, data = _Decoder(allow, view[end:]), view[_FRAME_HEAD.size : end]
+            dec, data = _Decoder(allow, view[end:], take), view[_FRAME_HEAD.size : end]
         else:
             dec = _plain_decoders[allow]
         return unpackb(

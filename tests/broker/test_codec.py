@@ -517,3 +517,17 @@ def test_importing_and_using_codec_on_plain_data_does_not_import_torch_or_numpy(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_loads_take_uses_a_writable_buffer_in_place():
+    import torch
+
+    t = torch.arange(1000, dtype=torch.float32)
+    body = bytearray(dumps((t, 1)))
+    out, one = loads(body, take=True)
+    assert torch.equal(out, t) and one == 1
+    out[0] = 42.0  # a view into ``body``: no copy was made
+    assert loads(bytes(body))[0][0].item() == 42.0
+    copied, _ = loads(bytes(body), take=True)  # read-only input: still a private copy
+    copied[1] = -1.0
+    assert loads(bytes(body))[0][1].item() == 1.0
