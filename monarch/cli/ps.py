@@ -66,10 +66,10 @@ def _meshes(answers: Any) -> list[dict[str, Any]]:
                 a["mesh_uid"],
                 {"name": a["mesh"], "uid": a["mesh_uid"], "class": a["class"], "sizes": a["sizes"]},
             )
-            mesh.setdefault("ranks", []).append(a["rank"])
-            mesh.setdefault("procs", []).append(answer["uid"])
+            mesh.setdefault("members", []).append((a["rank"], answer["uid"]))
     for mesh in meshes.values():
-        mesh["ranks"].sort()
+        members = sorted(mesh.pop("members"))
+        mesh["ranks"], mesh["procs"] = [r for r, _ in members], [u for _, u in members]
     return sorted(meshes.values(), key=lambda m: (m["name"], m["uid"]))
 
 

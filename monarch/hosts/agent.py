@@ -116,9 +116,6 @@ class HostAgent:
         )
         self.hosts_kv = await open_bucket(self.nc, self.ns, HOSTS)
         self.procs_kv = await open_bucket(self.nc, self.ns, PROCS)
-        await self._register()
-        self.heartbeater = Heartbeater(self.nc, self.ns, self.uid, self.cfg.heartbeat_interval)
-        self.heartbeater.start()
         subscribe = functools.partial(subscribe_ordered, self.nc)
         self.watcher = Watcher(self.nc, self.ns, self.cfg.heartbeat_timeout, subscribe)
         self._queue: asyncio.Queue[Msg] = asyncio.Queue()
@@ -126,7 +123,11 @@ class HostAgent:
             self.nc, subjects.ctl_host(self.ns, self.uid), self._queue.put_nowait
         )
         self._serve_task = self.loop.create_task(self._serve())
-        await self.nc.flush()  # the server has our subscription: requests reach us from now on
+        # Only once the server has our subscription may clients find us.
+        await self.nc.flush()
+        await self._register()
+        self.heartbeater = Heartbeater(self.nc, self.ns, self.uid, self.cfg.heartbeat_interval)
+        self.heartbeater.start()
 
     async def _register(self) -> None:
         """Put our entry (again after a reconnect: the broker may have lost it)."""

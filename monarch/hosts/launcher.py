@@ -33,7 +33,7 @@ from monarch.hosts.registry import HostInfo
 log = logging.getLogger(__name__)
 
 UNKNOWN_EXIT = -1
-"""``returncode`` of a proc whose host went silent: it is gone, how is unknown."""
+"""``returncode`` of a proc declared dead whose end its agent did not (or not yet) report."""
 
 
 class AgentLauncher:
@@ -151,16 +151,26 @@ class AgentLauncher:
         self._maybe_close_port()
 
     def _kill(self, handles: list[ProcHandle]) -> None:
-        """Ask each agent to SIGKILL its procs; also tell the procs to stop, should it be silent."""
+        """Ask each agent to SIGKILL its procs; also tell the procs to stop, should it be silent.
+
+        A proc already declared dead (``lost``) counts as gone from now on: its
+        agent may never answer (it may be why the proc went silent), and a
+        mesh's ``stop()`` must not wait for it.
+        """
         rt, by_host = self.rt, {}
         for h in handles:
             if not h.exited.is_set():
                 by_host.setdefault(h.host_uid, []).append(h.uid)
+                if h.lost:
+                    if h.returncode is None:
+                        h.returncode = UNKNOWN_EXIT
+                    h.exited.set()
         for host_uid, uids in by_host.items():
             rt.publish(subjects.ctl_host(rt.namespace, host_uid), dumps(uids), {m.KIND: p.KILL})
             if host_uid in self._gone:
                 for uid in uids:
                     rt.publish(subjects.ctl_proc(rt.namespace, uid), b"", {m.KIND: "stop"})
+        self._maybe_close_port()
 
     def _maybe_close_port(self) -> None:
         if all(h.exited.is_set() for h in self.handles.values()):

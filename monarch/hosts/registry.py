@@ -5,7 +5,7 @@ uid), ``monarch-<ns>-procs`` one per running proc. Values are JSON, so
 ``nats kv get monarch-default-hosts <uid>`` shows them as they are. An entry is
 deleted on a clean exit; a process that is killed outright leaves its entry
 behind, which is why liveness is never read from the buckets but from
-heartbeats (:func:`HeartbeatSeen`).
+heartbeats (:class:`HeartbeatSeen`).
 """
 
 from __future__ import annotations

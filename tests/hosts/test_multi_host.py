@@ -119,7 +119,9 @@ def test_silent_or_killed_host_fails_its_ranks_through_supervision(nats_url, roo
             a.stop()
 
 
-def test_procs_on_hosts_do_not_outlive_their_client(two_hosts, tmp_path):
+def test_agent_kills_the_procs_of_a_client_that_died(two_hosts, tmp_path):
+    """The procs would wait a minute for their client's heartbeat (the job's setting, which
+    they get from it); the agent watches the client too, with its own timeout."""
     label, _ = two_hosts
     script = tmp_path / "client.py"
     script.write_text(
@@ -136,7 +138,7 @@ def test_procs_on_hosts_do_not_outlive_their_client(two_hosts, tmp_path):
             """
         )
     )
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MONARCH_HEARTBEAT_TIMEOUT="60")
     client = subprocess.Popen(
         [sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True
     )

@@ -92,7 +92,8 @@ def test_mesh_across_namespaced_hosts_and_losing_two_of_them(lab, root_faults):
         with pytest.raises(SupervisionError):
             w.slice(hosts=2).ping.call().get(timeout=30)
         assert list(w.slice(hosts=0).ping.call(7).get(timeout=30).values()) == [7, 7]
-        # The unplugged host's procs notice their client is silent and exit: no orphans.
+        # Nobody can reach the unplugged host, yet its procs end (their agent, or they
+        # themselves, hear the client no more): no orphans.
         assert wait_until(lambda: set(lab.pids(2)) <= {agents[2].pid}, timeout=30)
     finally:
         if procs is not None:

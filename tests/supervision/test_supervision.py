@@ -68,7 +68,8 @@ def test_process_death_fails_in_flight_calls_and_reaches_the_owner(procs, root_f
         os.kill(pid, signal.SIGKILL)
     else:
         in_flight = target.die.call_one(how)  # the call in flight is the one that kills it
-    with pytest.raises(SupervisionError, match="gone"):
+    # "gone" when the call was running; "no actor" if the kill beat its delivery
+    with pytest.raises(SupervisionError, match="gone|no actor"):
         in_flight.get(timeout=30)
     (failure,) = root_faults.wait(1)
     assert failure.reason == "proc_died" and failure.ranks == [1]
