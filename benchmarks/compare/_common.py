@@ -3,9 +3,10 @@
 Standard library only: this file is imported by scenario scripts running in
 three different virtual environments (ours, the real Monarch's, Ray's).
 
-Each result is one line on stdout, ``{"compare": 1, "framework": ..., ...}``;
-the driver (run.py) ignores every other line, so a framework's own log output
-on stdout does no harm.
+Each result is one JSON line, ``{"compare": 1, "framework": ..., ...}``, printed
+on stdout and, with ``--results FILE``, appended to that file, which is what the
+driver (run.py) reads: a framework's own threads also print on stdout (Ray's
+"worker died" notice in S7, for one) and can land in the middle of a line.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def parse_args(doc: str) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small counts (smoke test)")
     ap.add_argument("--skip", default="", help="comma-separated scenarios not to run, e.g. S6,S7")
+    ap.add_argument("--results", help="also append the result lines to this file")
     args = ap.parse_args()
     args.counts = QUICK if args.quick else FULL
     args.skip = {s.strip().upper() for s in args.skip.split(",") if s.strip()}
@@ -43,17 +45,24 @@ def percentile(sorted_xs: list[float], q: float) -> float:
 class Reporter:
     """Prints result lines for one framework; runs each scenario so a failure stays local."""
 
-    def __init__(self, framework: str, skip: set[str]) -> None:
+    def __init__(self, framework: str, args: argparse.Namespace) -> None:
         self.framework = framework
-        self.skip = skip
+        self.skip = args.skip
+        self.results = args.results
+
+    def _write(self, row: dict) -> None:
+        line = json.dumps(dict(compare=1, framework=self.framework, **row))
+        print(line, flush=True)
+        if self.results:
+            with open(self.results, "a") as f:
+                f.write(line + "\n")
 
     def emit(self, scenario: str, figure: str, value: float | None, unit: str, **extra) -> None:
-        row = dict(compare=1, framework=self.framework, scenario=scenario, figure=figure)
-        row.update(value=None if value is None else round(value, 4), unit=unit, **extra)
-        print(json.dumps(row), flush=True)
+        value = None if value is None else round(value, 4)
+        self._write(dict(scenario=scenario, figure=figure, value=value, unit=unit, **extra))
 
     def info(self, **fields) -> None:
-        print(json.dumps(dict(compare=1, framework=self.framework, info=fields)), flush=True)
+        self._write(dict(info=fields))
 
     def run(self, scenario: str, fn: Callable[[], None]) -> bool:
         """Run one scenario; on an exception print an error line and go on. True if it ran."""
@@ -65,8 +74,7 @@ class Reporter:
         except Exception as e:  # reported in the table; the other scenarios still run
             traceback.print_exc(file=sys.stderr)
             msg = f"{type(e).__name__}: {e}".splitlines()[0][:200]
-            row = dict(compare=1, framework=self.framework, scenario=scenario, error=msg)
-            print(json.dumps(row), flush=True)
+            self._write(dict(scenario=scenario, error=msg))
             return False
         finally:
             took = time.perf_counter() - t

@@ -34,7 +34,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BESIDE_REPO = HERE.parent.parent.parent  # peer venvs default to folders next to the checkout
-TAG_VAR = "MONARCH_COMPARE_RUN_TAG"
+TAG_VAR = "COMPARE_RUN_TAG"  # not MONARCH_*: both Monarchs read that prefix
 RUN_TIMEOUT = 600.0  # seconds for one scenario-script run, all scenarios together
 LEFTOVER_GRACE = 5.0  # seconds a run's processes get to exit on their own before SIGKILL
 
@@ -60,19 +60,18 @@ def peer_python(flag: str | None, env_var: str, venv: str) -> str:
 
 
 def frameworks(args: argparse.Namespace) -> list[Framework]:
-    peer = peer_python
     return [
         Framework("ours", "scenarios_monarch_api.py", args.ours_python, "import monarch.broker"),
         Framework(
             "monarch",
             "scenarios_monarch_api.py",
-            peer(args.monarch_python, "COMPARE_MONARCH_PYTHON", "venv-monarch"),
+            peer_python(args.monarch_python, "COMPARE_MONARCH_PYTHON", "venv-monarch"),
             "import monarch._rust_bindings, torch",
         ),
         Framework(
             "ray",
             "scenarios_ray.py",
-            peer(args.ray_python, "COMPARE_RAY_PYTHON", "venv-ray"),
+            peer_python(args.ray_python, "COMPARE_RAY_PYTHON", "venv-ray"),
             "import ray, torch",
         ),
     ]
@@ -127,9 +126,9 @@ def tagged_pids(tag: str) -> list[int]:
 def reap(proc: subprocess.Popen, tag: str) -> int:
     """After a run: kill what it left behind; how many processes that was.
 
-    The run's own processes get a moment to exit (daemons told to stop), then every
-    process still carrying the tag is killed one by one, and so is the run's process
-    group (for anything that dropped its environment).
+    A run still going loses its whole process group at once. Then the run's processes
+    get a moment to exit (daemons told to stop), and every process still carrying the
+    tag is killed one by one, wherever it is (procs run in sessions of their own).
     """
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -142,8 +141,6 @@ def reap(proc: subprocess.Popen, tag: str) -> int:
     for pid in left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
     if left:
         print(f"  killed {len(left)} leftover process(es): {left}", file=sys.stderr)
     return len(left)
@@ -153,26 +150,28 @@ def run_once(fw: Framework, extra: list[str], timeout: float) -> tuple[list[dict
     """One run of ``fw``'s scenario script: its result lines and its stderr."""
     tag = uuid.uuid4().hex
     with tempfile.TemporaryDirectory(prefix="compare-") as cwd:
-        proc = subprocess.Popen(
-            [fw.python, str(HERE / fw.script), *extra], cwd=cwd, env=child_env(tag),
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, start_new_session=True,
-        )  # fmt: skip
+        results = Path(cwd) / "results.jsonl"
+        cmd = [fw.python, str(HERE / fw.script), *extra, "--results", str(results)]
         killed = False
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            killed = True
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-        finally:
-            fw.leftovers += reap(proc, tag)
+        # stderr goes to a file, not a pipe: a process the run leaves behind may hold it open.
+        with open(Path(cwd) / "stderr.txt", "w+") as errors:
+            proc = subprocess.Popen(
+                cmd, cwd=cwd, env=child_env(tag), stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=errors, start_new_session=True,
+            )  # fmt: skip
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                killed = True
+            finally:
+                fw.leftovers += reap(proc, tag)
+            errors.seek(0)
+            err = errors.read()
+        lines = results.read_text().splitlines() if results.exists() else []
     rows = []
-    for line in out.splitlines():
-        if line.startswith('{"compare"'):
-            with contextlib.suppress(json.JSONDecodeError):
-                rows.append(json.loads(line))
+    for line in lines:
+        with contextlib.suppress(json.JSONDecodeError):
+            rows.append(json.loads(line))
     if killed:
         fw.run_notes.append(f"a run was killed after {timeout:.0f} s (--timeout)")
         err += f"\n[driver] run killed after {timeout:.0f} s"
@@ -196,6 +195,7 @@ def collect(fw: Framework, rows: list[dict]) -> None:
 
 # -- report ----------------------------------------------------------------------
 
+SCENARIOS = ("S1", "S2", "S3", "S4", "S5", "S6", "S7")
 # (scenario, figure, description, higher is better)
 ROWS = [
     ("S1", "p50", "S1 call_one round trip", False),
@@ -238,9 +238,11 @@ def fmt(value: float, unit: str) -> str:
 
 
 class Report:
-    def __init__(self, fws: list[Framework], runs: int) -> None:
+    def __init__(self, fws: list[Framework], runs: int, load: str, skipped: set[str]) -> None:
         self.fws = {fw.name: fw for fw in fws}
+        self.skipped = skipped
         self.runs = runs
+        self.load = load  # the machine's load averages at the start and end
         self.notes: dict[str, int] = {}  # footnote text -> its number
 
     def figure(self, fw: Framework, scenario: str, figure: str) -> float | None:
@@ -250,6 +252,8 @@ class Report:
     def cell(self, fw: Framework, scenario: str, figure: str) -> str:
         if fw.missing:
             return fw.missing.split(" (")[0]
+        if scenario.removesuffix("raw") in self.skipped:
+            return "skipped"
         vals = fw.values.get((scenario, figure))
         errs = fw.errors.get(scenario, [])
         tag = ""
@@ -325,7 +329,7 @@ class Report:
         return out
 
     def print(self, as_json: bool) -> None:
-        print(f"\nmedian of {self.runs} runs per framework (interleaved)")
+        print(f"\nmedian of {self.runs} runs per framework (interleaved); {self.load}")
         for line in self.table():
             print(line)
         print(
@@ -381,9 +385,11 @@ def main() -> None:
     if args.runs < 1:
         ap.error("--runs must be at least 1")
     only = {s.strip() for s in args.only.split(",")}
+    skipped = {s.strip().upper() for s in args.skip.split(",") if s.strip()}
     extra = (["--quick"] if args.quick else []) + (["--skip", args.skip] if args.skip else [])
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the run's `finally` reaps
 
+    load_start = os.getloadavg()
     fws = frameworks(args)
     for fw in fws:
         if fw.name in only:
@@ -397,13 +403,21 @@ def main() -> None:
             t = time.monotonic()
             rows, err = run_once(fw, extra, args.timeout)
             collect(fw, rows)
-            failed = [r for r in rows if "error" in r] or "[driver]" in err
+            seen = {r.get("scenario") for r in rows}
+            absent = sorted(set(SCENARIOS) - seen - skipped)
+            if absent:
+                fw.run_notes.append(f"a run printed no result for {', '.join(absent)}")
+            failed = absent or [r for r in rows if "error" in r] or "[driver]" in err
             print(f"run {i + 1}/{args.runs} {fw.name}: {time.monotonic() - t:.0f} s, "
                   f"{len(rows)} lines", file=sys.stderr, flush=True)  # fmt: skip
             if failed:
                 tail = "\n".join(err.strip().splitlines()[-15:])
                 print(f"  stderr tail:\n{tail}", file=sys.stderr, flush=True)
-    Report(fws, args.runs).print(args.json)
+    loads = (load_start, os.getloadavg())
+    load = "load average (1, 5, 15 min) " + " -> ".join(
+        "/".join(f"{x:.1f}" for x in triple) for triple in loads
+    )
+    Report(fws, args.runs, load, skipped).print(args.json)
 
 
 if __name__ == "__main__":

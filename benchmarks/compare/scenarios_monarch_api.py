@@ -126,7 +126,7 @@ def spawn_mesh(name: str):
 def main() -> None:
     args = parse_args(__doc__)
     c = args.counts
-    rep = Reporter(FRAMEWORK, args.skip)
+    rep = Reporter(FRAMEWORK, args)
     dist = "torchmonarch" if REAL else "monarch-nats"
     rep.info(version=importlib.metadata.version(dist), python=sys.version.split()[0])
     monarch.actor.unhandled_fault_hook = ignore_fault

@@ -70,7 +70,7 @@ def spawn_actors() -> list:
 def main() -> None:
     args = parse_args(__doc__)
     c = args.counts
-    rep = Reporter("ray", args.skip)
+    rep = Reporter("ray", args)
     rep.info(version=importlib.metadata.version("ray"), python=sys.version.split()[0])
     state: dict = {}
 

@@ -355,17 +355,7 @@ class ActorMesh(MeshShapeOps, Generic[A]):
     def stop(self) -> Future[None]:
         """Stop these actors (not their procs): queued messages are handled, then ``__cleanup__``."""
         st = self._state
-        fut: Future[None] = Future()
-
-        async def run() -> None:
-            try:
-                await st.stop_actors()
-                fut._set_result(None)
-            except BaseException as e:
-                fut._set_exception(e)
-
-        st.rt.run_coro(run())
-        return fut
+        return Future(st.rt.run_coro(st.stop_actors()))
 
     # -- sending (caller's thread) ---------------------------------------------
 

@@ -41,23 +41,17 @@ def get_or_spawn_controller(
     cls = check_actor_class(Class)
     rt = runtime()
     body = dumps({"name": name, "cls": class_ref(cls), "args": list(args), "kwargs": kwargs})
-    fut: Future[ActorMesh[A]] = Future()
 
-    async def run() -> None:
-        try:
-            target = subjects.ctl_proc(rt.namespace, rt.root_uid)
-            (reply,) = await request_all(
-                rt, [(target, body, {m.KIND: "controller"})], rt.settings.spawn_timeout
-            )
-            if (reply.headers or {}).get(m.KIND) == "error":
-                err = m.decode_error(reply.data, actor_id=name, rank=0, endpoint="__init__")
-                raise err
-            fut._set_result(loads(reply.data))
-        except BaseException as e:
-            fut._set_exception(e)
+    async def run() -> ActorMesh[A]:
+        target = subjects.ctl_proc(rt.namespace, rt.root_uid)
+        (reply,) = await request_all(
+            rt, [(target, body, {m.KIND: "controller"})], rt.settings.spawn_timeout
+        )
+        if (reply.headers or {}).get(m.KIND) == "error":
+            raise m.decode_error(reply.data, actor_id=name, rank=0, endpoint="__init__")
+        return loads(reply.data)
 
-    rt.run_coro(run())
-    return fut
+    return Future(rt.run_coro(run()))
 
 
 async def _bucket(rt: Runtime) -> Any:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from monarch.actors.value_mesh import ValueMesh
 
 R = TypeVar("R")
+_UNSET = object()
 
 
 class EndpointProperty(Generic[R]):
@@ -46,6 +47,7 @@ class EndpointProperty(Generic[R]):
         self.concurrent = concurrent
         self.propagate = propagate
         self.signature = inspect.signature(method)
+        self._fast_range: Any = _UNSET
         functools.update_wrapper(self, method)  # type: ignore[arg-type]
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
@@ -54,8 +56,25 @@ class EndpointProperty(Generic[R]):
         # Inside the actor, ``self.method(...)`` is a plain local call.
         return types.MethodType(self._method, instance)
 
+    def _positional_range(self) -> tuple[int, int] | None:
+        """(fewest, most) positional arguments a call may pass, when only those can
+        decide the binding (plain positional parameters, no keyword-only without
+        default); None means "always use ``Signature.bind``"."""
+        params = list(self.signature.parameters.values())[2 if self.explicit_response_port else 1 :]
+        kinds = inspect.Parameter
+        if any(p.kind not in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD) for p in params):
+            return None
+        required = sum(1 for p in params if p.default is p.empty)
+        return required, len(params)
+
     def check_args(self, qualname: str, args: tuple, kwargs: dict) -> None:
         """Raise ``TypeError`` at the caller if the arguments cannot bind."""
+        if not kwargs:  # the common case, decided without Signature.bind (which costs ~8 us)
+            if self._fast_range is _UNSET:
+                self._fast_range = self._positional_range()
+            fast = self._fast_range
+            if fast is not None and fast[0] <= len(args) <= fast[1]:
+                return
         try:
             if self.explicit_response_port:
                 self.signature.bind(None, None, *args, **kwargs)

@@ -13,6 +13,7 @@ never held back; its messages still count.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from typing import Any
@@ -33,17 +34,16 @@ class FlowControl:
         self.batch = batch
         self.window = window
         self._lock = threading.Condition()
-        self._sent = 0
+        self._counter = itertools.count(1)
         self._outstanding = 0
 
     def count(self) -> bool:
         """Count one message; True when a marker is due after it."""
-        with self._lock:
-            self._sent += 1
-            if self._sent % self.batch == 0:
-                self._outstanding += 1
-                return True
+        if next(self._counter) % self.batch:  # itertools.count: atomic, no lock
             return False
+        with self._lock:
+            self._outstanding += 1
+        return True
 
     def acknowledged(self, _: Any = None) -> None:
         with self._lock:
@@ -52,7 +52,7 @@ class FlowControl:
 
     def wait_for_room(self, can_block: bool) -> None:
         """Block while too far ahead of the mesh (callers off the loop only)."""
-        if not can_block:
+        if not can_block or self._outstanding < self.window:  # read without the lock: a hint
             return
         with self._lock:
             if self._outstanding < self.window:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import threading
 from typing import Any, TypeVar
 
@@ -17,6 +18,7 @@ from monarch.actors import messages as m
 from monarch.actors.actor import check_actor_class, class_ref
 from monarch.actors.actor_mesh import ActorMesh, MeshState, spawn_error
 from monarch.actors.context import _current, sender_id
+from monarch.actors.endpoint import endpoints_of
 from monarch.actors.errors import MeshStoppedError, ProcStartError, SupervisionError
 from monarch.actors.future import Future
 from monarch.actors.launcher import LocalLauncher, ProcHandle
@@ -283,17 +285,12 @@ class ProcMesh(MeshShapeOps):
     def initialized(self) -> Future[bool]:
         """Completes (True) once every proc reported ready; raises if one failed to start."""
         st = self._state
-        fut: Future[bool] = Future()
 
-        async def wait() -> None:
-            try:
-                await asyncio.shield(st.ready)
-                fut._set_result(True)
-            except BaseException as e:
-                fut._set_exception(e)
+        async def wait() -> bool:
+            await asyncio.shield(st.ready)
+            return True
 
-        st.rt.run_coro(wait())
-        return fut
+        return Future(st.rt.run_coro(wait()))
 
     def spawn(self, name: str, Class: type[A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
         """Create one ``Class`` actor per proc; returns at once, messages queue until ready.
@@ -303,8 +300,14 @@ class ProcMesh(MeshShapeOps):
         """
         subjects.check_token(name, "actor mesh name")
         cls = check_actor_class(Class)
+        clashes = sorted(n for n in endpoints_of(cls) if hasattr(ActorMesh, n))
+        if clashes:
+            raise ValueError(
+                f"{cls.__name__} has endpoint(s) {clashes} named like ActorMesh attributes, so "
+                "mesh.<name> could not reach them: rename the endpoint(s)"
+            )
         st = self._state
-        if st.stopping:
+        if st.stopping or st.stopped is not None:
             raise MeshStoppedError(f"proc mesh {st.name!r} is stopped")
         import inspect
 
@@ -381,18 +384,11 @@ class ProcMesh(MeshShapeOps):
         st = self._state
         if st.stopped is not None:
             return st.stopped
-        fut: Future[None] = Future()
-        st.stopped = fut
-
-        async def run() -> None:
-            try:
-                await st.stop()
-                fut._set_result(None)
-            except BaseException as e:
-                fut._set_exception(e)
-
-        st.rt.run_coro(run())
-        return fut
+        engine = sys.modules.get("monarch.tensors.controller")
+        if engine is not None:  # tensor engine: ops still queued in this process go out first
+            engine.flush_before_stop(st)
+        st.stopped = Future(st.rt.run_coro(st.stop()))
+        return st.stopped
 
     async def __aenter__(self) -> ProcMesh:
         await self.initialized

@@ -23,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import mmap
+import os
+from typing import Any
 
 from monarch.actors.runtime import current_runtime_or_none
 from monarch.broker.codec import dumps, loads, register_ext
@@ -56,11 +58,22 @@ register_ext(
 )
 
 
+_threshold_cache: tuple[Any, int] = (object(), 0)
+
+
 def threshold() -> int:
-    """Bodies longer than this go out of band."""
-    limit = config.bulk_threshold()
+    """Bodies longer than this go out of band.
+
+    On every message's path: parsed once per value of ``MONARCH_BULK_THRESHOLD``
+    (and of the broker's ``max_payload``), not per call.
+    """
+    global _threshold_cache
     rt = current_runtime_or_none()
-    return min(limit, rt.max_payload) if rt is not None else limit
+    key = (os.environ.get("MONARCH_BULK_THRESHOLD"), rt.max_payload if rt is not None else None)
+    if key != _threshold_cache[0]:
+        limit = config.bulk_threshold()
+        _threshold_cache = (key, min(limit, key[1]) if key[1] is not None else limit)
+    return _threshold_cache[1]
 
 
 def offload(body: bytes, *, readers: int | None, ttl: float | None = None) -> bytes:

@@ -98,3 +98,19 @@ def test_oversized_messages_travel_out_of_band(nats_url):
         assert big.length.call_one(b"x" * 1000).get(timeout=30) == 1000
     finally:
         pm.stop().get(timeout=30)
+
+
+def test_endpoint_named_like_a_mesh_attribute_is_refused_at_spawn(nats_url):
+    from monarch.actor import Actor, endpoint
+
+    class Clash(Actor):
+        @endpoint
+        def size(self) -> int:
+            return 1
+
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        with pytest.raises(ValueError, match=r"\['size'\]"):
+            pm.spawn("clash", Clash)
+    finally:
+        pm.stop().get(timeout=30)
