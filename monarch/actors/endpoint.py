@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from monarch.actors.value_mesh import ValueMesh
 
 R = TypeVar("R")
-_UNSET = object()
 
 
 class EndpointProperty(Generic[R]):
@@ -47,7 +46,7 @@ class EndpointProperty(Generic[R]):
         self.concurrent = concurrent
         self.propagate = propagate
         self.signature = inspect.signature(method)
-        self._fast_range: Any = _UNSET
+        self._fast_range = self._positional_range()
         functools.update_wrapper(self, method)  # type: ignore[arg-type]
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
@@ -69,12 +68,9 @@ class EndpointProperty(Generic[R]):
 
     def check_args(self, qualname: str, args: tuple, kwargs: dict) -> None:
         """Raise ``TypeError`` at the caller if the arguments cannot bind."""
-        if not kwargs:  # the common case, decided without Signature.bind (which costs ~8 us)
-            if self._fast_range is _UNSET:
-                self._fast_range = self._positional_range()
-            fast = self._fast_range
-            if fast is not None and fast[0] <= len(args) <= fast[1]:
-                return
+        fast = self._fast_range
+        if not kwargs and fast is not None and fast[0] <= len(args) <= fast[1]:
+            return  # the common case, decided without Signature.bind (which costs ~8 us)
         try:
             if self.explicit_response_port:
                 self.signature.bind(None, None, *args, **kwargs)

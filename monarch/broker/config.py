@@ -43,6 +43,9 @@ class Settings(BaseModel):
     )
     flow_batch: int = Field(1000, ge=1, description="Messages between two flow markers.")
     flow_window: int = Field(16, ge=1, description="Unanswered flow markers before a sender waits.")
+    connect_timeout: float = Field(
+        15.0, gt=0, description="Seconds the first connection to the broker may take."
+    )
     broker_lost_timeout: float = Field(
         30.0, gt=0, description="Seconds without the broker before the job fails."
     )

@@ -10,6 +10,7 @@ what to check.
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -74,27 +75,34 @@ async def connect(
             await error_cb(e)
 
     try:
-        nc = await nats.connect(
-            [u.strip() for u in url.split(",")],
-            name=name,
-            allow_reconnect=True,
-            # One pass over the servers at start; once connected, reconnect forever
-            # (the runtime decides when a lost broker fails the job).
-            max_reconnect_attempts=1,
-            reconnect_time_wait=0.2,
-            connect_timeout=5,
-            error_cb=record,
-            disconnected_cb=disconnected_cb,
-            reconnected_cb=reconnected_cb,
-            **connect_options(cfg),
+        # nats-py can wait forever on a TLS handshake it cannot complete: bound it.
+        nc = await asyncio.wait_for(
+            nats.connect(
+                [u.strip() for u in url.split(",")],
+                name=name,
+                allow_reconnect=True,
+                # One pass over the servers at start; once connected, reconnect forever
+                # (the runtime decides when a lost broker fails the job).
+                max_reconnect_attempts=1,
+                reconnect_time_wait=0.2,
+                connect_timeout=5,
+                error_cb=record,
+                disconnected_cb=disconnected_cb,
+                reconnected_cb=reconnected_cb,
+                **connect_options(cfg),
+            ),
+            cfg.connect_timeout,
         )
     except Exception as e:
         causes = "; ".join(dict.fromkeys(str(x) for x in [*errors, e] if str(x)))
         causes = causes or type(e).__name__
+        if isinstance(e, asyncio.TimeoutError) and not str(e):
+            causes = f"not connected within {cfg.connect_timeout:.0f} s (MONARCH_CONNECT_TIMEOUT)"
         hint = (
             "check MONARCH_NATS_TOKEN, MONARCH_NATS_USER/MONARCH_NATS_PASSWORD or MONARCH_NATS_CREDS"
             if "authorization" in causes.lower() or "auth" in causes.lower()
-            else "check that the broker runs and MONARCH_NATS_URL points at it"
+            else "check that the broker runs, that MONARCH_NATS_URL points at it, and for a TLS "
+            "broker MONARCH_NATS_TLS_CA"
         )
         raise BrokerConnectionError(
             f"cannot connect to the broker at {redact(url)}: {causes} ({hint})"

@@ -32,6 +32,15 @@ def _rebuild(message: str, op: str, rank: int | None, traceback: str) -> RemoteT
     return RemoteTensorError(message, op=op, rank=rank, traceback=traceback)
 
 
+class MeshError(ValueError):
+    """Tensors used together that cannot be: on different meshes, a local tensor mixed with
+    remote ones, or a dropped handle.
+
+    Not a ``TypeError`` on purpose: torch turns a ``TypeError`` raised inside an
+    operator (``a + b``) into ``NotImplemented``, which would hide this message.
+    """
+
+
 class Poison:
     """What a proc keeps under a tensor's reference when computing it failed."""
 

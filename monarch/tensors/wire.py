@@ -111,14 +111,23 @@ def func_spec(func: Any) -> tuple[str, Any, str]:
 def _make_spec(func: Any) -> tuple[str, Any, str]:
     if isinstance(func, str):
         return ("path", func, func)
-    for path in _candidate_paths(func):
+    # A @remote function: its module attribute is the Remote wrapper, which resolves back.
+    impl = getattr(func, "_monarch_remote_impl", None)
+    if isinstance(impl, str):
+        return ("path", impl, impl)
+    target = func if impl is None else impl
+    for path in _candidate_paths(target):
+        if path.startswith("__main__."):
+            continue  # the procs' __main__ is not the client's: send such functions by value
         try:
-            if resolve_path(path) == func:
+            found = resolve_path(path)
+            if found == target or (impl is not None and found is func):
                 return ("path", path, display_name(path))
         except Exception:
             continue
-    name = f"{getattr(func, '__module__', None) or '?'}.{getattr(func, '__qualname__', repr(func))}"
-    return ("pickle", cloudpickle.dumps(func), display_name(name))
+    module = getattr(target, "__module__", None) or "?"
+    name = f"{module}.{getattr(target, '__qualname__', repr(target))}"
+    return ("pickle", cloudpickle.dumps(target), display_name(name))
 
 
 def _candidate_paths(func: Any) -> list[str]:
@@ -184,9 +193,11 @@ def resolve_path(path: str) -> Any:
 
 
 def resolve_func(kind: str, payload: Any) -> Any:
-    if kind == "path":
-        return resolve_path(payload)
-    return cloudpickle.loads(payload)
+    fn = resolve_path(payload) if kind == "path" else cloudpickle.loads(payload)
+    impl = getattr(fn, "_monarch_remote_impl", None)  # a @remote wrapper: run what it wraps
+    if impl is not None:
+        fn = resolve_path(impl) if isinstance(impl, str) else impl
+    return fn
 
 
 _PREFIXES = (

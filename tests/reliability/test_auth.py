@@ -155,3 +155,43 @@ def test_pickle_forbidden_at_the_receiver_too():
     body = dumps({1, 2}, allow_pickle=True)
     with pytest.raises(DecodeError, match="pickle"):
         loads(body, allow_pickle=False)
+
+
+def _make_certs(tmp: Path) -> tuple[Path, Path, Path]:
+    """A throwaway CA and a server certificate for 127.0.0.1, made with openssl."""
+    ca_key, ca, key, csr, cert = (tmp / n for n in ("ca.key", "ca.pem", "s.key", "s.csr", "s.pem"))
+    ext = tmp / "ext.cnf"
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+
+    def ssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+    ssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(ca_key), "-out", str(ca),
+        "-days", "1", "-subj", "/CN=monarch-test-ca")  # fmt: skip
+    ssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr),
+        "-subj", "/CN=127.0.0.1")  # fmt: skip
+    ssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+        "-out", str(cert), "-days", "1", "-extfile", str(ext))  # fmt: skip
+    return ca, cert, key
+
+
+def test_tls_broker_needs_the_right_ca(tmp_path):
+    ca, cert, key = _make_certs(tmp_path)
+    broker = EmbeddedBroker(
+        extra_args=["--tls", "--tlscert", str(cert), "--tlskey", str(key)]
+    ).start()
+    try:
+        url = broker.url.replace("nats://", "tls://")
+
+        async def ok():
+            nc = await connect(url, Settings(nats_tls_ca=str(ca)), name="t")
+            await nc.publish("mon.tls.check", b"x")
+            await nc.flush()
+            await nc.close()
+
+        run(ok())
+        # the system CAs do not know our test CA: a clear error within the deadline
+        with pytest.raises(BrokerConnectionError, match="MONARCH_NATS_TLS_CA"):
+            run(connect(url, Settings(connect_timeout=2), name="t"))
+    finally:
+        broker.stop()
