@@ -61,6 +61,17 @@ def test_broker_restart_under_a_running_job(tmp_path):
         assert not t.is_alive(), "a call hung"
         print("outcomes", outcomes, flush=True)
         assert list(mesh.ping.call(3).get(timeout=30).values()) == [3, 3]
+        # supervision still works after the restart: a proc's death reaches the root
+        import signal
+        import monarch.actor
+        failures = []
+        monarch.actor.unhandled_fault_hook = failures.append
+        pid = mesh.slice(gpus=1).whoami.call_one().get(timeout=30)["pid"]
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.time() + 30
+        while not failures and time.time() < deadline:
+            time.sleep(0.05)
+        print("failure after restart:", failures[0].reason, failures[0].ranks, flush=True)
         pm.stop().get(timeout=60)
         broker.stop()
         print("done", flush=True)
@@ -71,6 +82,7 @@ def test_broker_restart_under_a_running_job(tmp_path):
     line = next(x for x in result.stdout.splitlines() if x.startswith("outcomes"))
     outcomes = eval(line.split(" ", 1)[1])
     assert outcomes["ok"] > 0
+    assert "failure after restart: proc_died [1]" in result.stdout
 
 
 def test_broker_that_never_comes_back_fails_the_job_clearly(tmp_path):
