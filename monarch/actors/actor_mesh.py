@@ -371,9 +371,11 @@ class ActorMesh(MeshShapeOps, Generic[A]):
             if full
             else [self._view.extent.labels, self._view.extent.sizes, list(self._view.ranks)]
         )
-        body = dumps((args, kwargs, view_spec))
+        body = dumps((args, kwargs, view_spec), big_out=True)
         # Big arguments stay here and travel out of band; each receiver fetches them.
         body = offload(body, readers=len(self._view), ttl=None)
+        if not isinstance(body, bytes):  # kept in memory only for the out-of-band path
+            body = bytes(body)
         if len(body) > st.rt.max_payload:
             raise MessageTooLargeError(
                 f"message to {self._class_name}.{endpoint} is {len(body)} bytes, over the broker's "

@@ -531,3 +531,15 @@ def test_loads_take_uses_a_writable_buffer_in_place():
     copied, _ = loads(bytes(body), take=True)  # read-only input: still a private copy
     copied[1] = -1.0
     assert loads(bytes(body))[0][1].item() == 1.0
+
+
+def test_big_out_assembles_big_bodies_in_mapped_memory_that_decodes_the_same():
+    import torch
+
+    t = torch.arange(1 << 19, dtype=torch.float32)  # 2 MiB of raw buffer
+    body = dumps(({"t": t}, b"x"), big_out=True)
+    assert isinstance(body, memoryview)
+    out, x = loads(body)
+    assert torch.equal(out["t"], t) and x == b"x"
+    small = dumps((torch.ones(3), 1), big_out=True)
+    assert isinstance(small, bytes)  # below 1 MiB: plain bytes as always
