@@ -67,6 +67,13 @@ def nats_url():
     from monarch.broker.config import settings
 
     settings.cache_clear()
+    # The client's proc zygote lives as long as the session: start it before any
+    # test counts its processes.
+    from monarch.actors.launcher import ensure_zygote
+    from monarch.actors.runtime import runtime
+
+    runtime()
+    ensure_zygote()
     yield broker.url
     from monarch.actors.runtime import shutdown_runtime
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -35,10 +37,11 @@ class ProcHandle:
     exited: threading.Event = field(default_factory=threading.Event)
     host_uid: str | None = None  # the host agent that started it (None: this process did)
     killer: Callable[[], None] | None = None  # how to kill it when it is not our child
+    os_pid: int | None = None  # its pid when a zygote forked it (no Popen here)
 
     @property
     def pid(self) -> int | None:
-        return self.popen.pid if self.popen is not None else None
+        return self.popen.pid if self.popen is not None else self.os_pid
 
     def kill(self) -> None:
         """SIGKILL the process, whether it is our child or a host agent's."""
@@ -116,7 +119,11 @@ class LocalLauncher:
         def start_all() -> None:
             me = os.getpid()
             tie = settings().die_with_parent
+            zygote = _zygote() if settings().zygote else None
             for h in handles:
+                if zygote is not None:
+                    zygote.fork(h, ready_subject, proc_env(extent, h.rank), tie, self.loop, on_exit)
+                    continue
                 cmd = [
                     sys.executable,
                     "-m",
@@ -168,13 +175,13 @@ class LocalLauncher:
         also runs at interpreter exit, when executors refuse new work.
         """
         deadline = time.monotonic() + timeout
-        pending = [h for h in handles if h.popen is not None and not h.exited.is_set()]
+        pending = [h for h in handles if h.pid is not None and not h.exited.is_set()]
         while pending and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
             pending = [h for h in pending if not h.exited.is_set()]
         for h in pending:
             try:
-                h.popen.kill()  # type: ignore[union-attr]
+                h.kill()
             except ProcessLookupError:
                 pass
         kill_deadline = time.monotonic() + 5.0
@@ -183,3 +190,114 @@ class LocalLauncher:
         for h in handles:
             if h.popen is not None:
                 h.returncode = h.popen.poll()
+
+
+class _Zygote:
+    """This client's template process (see :mod:`monarch.actors.zygote`), and its reader."""
+
+    def __init__(self) -> None:
+        r, w = os.pipe()
+        me = os.getpid()
+        env = dict(os.environ)
+        paths = [p for p in sys.path if p and os.path.isdir(p)]
+        env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *paths])
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "monarch.actors.zygote", str(w)],
+            stdin=subprocess.PIPE,
+            env=env,
+            pass_fds=(w,),
+            preexec_fn=functools.partial(child_dies_with_parent, me),
+            start_new_session=True,
+        )
+        os.close(w)
+        self._replies = os.fdopen(r, "r")
+        self._forked: dict[str, queue.SimpleQueue] = {}
+        self._children: dict[int, tuple[ProcHandle, asyncio.AbstractEventLoop, Callable]] = {}
+        self._lock = threading.Lock()
+        self.alive = True
+        threading.Thread(target=self._read, name="monarch-zygote", daemon=True).start()
+
+    def fork(
+        self,
+        h: ProcHandle,
+        ready: str,
+        env: dict[str, str],
+        tie: bool,
+        loop: asyncio.AbstractEventLoop,
+        on_exit: Callable[[ProcHandle, int], None],
+    ) -> None:
+        """Ask for a proc (launcher thread); returns once it is forked."""
+        answer: queue.SimpleQueue = queue.SimpleQueue()
+        with self._lock:
+            self._forked[h.uid] = answer
+        line = json.dumps({"uid": h.uid, "ready": ready, "env": env, "tie": tie}) + "\n"
+        assert self.popen.stdin is not None
+        self.popen.stdin.write(line.encode())
+        self.popen.stdin.flush()
+        pid = answer.get(timeout=30)
+        if pid is None:
+            raise RuntimeError("the proc zygote exited")
+        h.os_pid = pid
+        h.killer = functools.partial(os.kill, pid, signal.SIGKILL)
+        with self._lock:
+            self._children[pid] = (h, loop, on_exit)
+
+    def _read(self) -> None:
+        for line in self._replies:
+            msg = json.loads(line)
+            if "exit" in msg:
+                with self._lock:
+                    entry = self._children.pop(msg["pid"], None)
+                if entry is not None:
+                    _exited(*entry, msg["exit"])
+            else:
+                with self._lock:
+                    answer = self._forked.pop(msg["uid"], None)
+                if answer is not None:
+                    answer.put(msg["pid"])
+        # The zygote is gone; its tied children died with it.
+        self.alive = False
+        with self._lock:
+            waiting, self._forked = list(self._forked.values()), {}
+            children, self._children = list(self._children.values()), {}
+        for answer in waiting:
+            answer.put(None)
+        for entry in children:
+            _exited(*entry, -signal.SIGKILL)
+
+
+def _exited(
+    h: ProcHandle, loop: asyncio.AbstractEventLoop, on_exit: Callable[[ProcHandle, int], None], code: int
+) -> None:
+    h.returncode = code
+    h.exited.set()
+    try:
+        loop.call_soon_threadsafe(on_exit, h, code)
+    except RuntimeError:  # loop closed at interpreter exit
+        pass
+
+
+_the_zygote: _Zygote | None = None
+
+
+def _zygote() -> _Zygote:
+    """The client's zygote, started on first use (launcher thread only)."""
+    global _the_zygote
+    if _the_zygote is None or not _the_zygote.alive or _the_zygote.popen.poll() is not None:
+        _the_zygote = _Zygote()
+    return _the_zygote
+
+
+def ensure_zygote() -> None:
+    """Start the zygote now and wait until it runs (tests use this to count processes)."""
+    if not settings().zygote:
+        return
+    done: queue.SimpleQueue = queue.SimpleQueue()
+    _launcher().put(lambda: done.put(_zygote()))
+    done.get(timeout=60)
+
+
+def prestart_zygote() -> None:
+    """Start the zygote in the background, so the first spawn does not wait for imports."""
+    if settings().zygote:
+        _launcher().put(_zygote)

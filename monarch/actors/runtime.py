@@ -342,6 +342,9 @@ def _start_client_runtime() -> None:
         _runtime = None
 
     rt._shutdown = shutdown  # type: ignore[attr-defined]
+    from monarch.actors.launcher import prestart_zygote
+
+    prestart_zygote()  # procs fork from it: the imports are paid once, in the background
     atexit.register(shutdown_runtime)
 
 

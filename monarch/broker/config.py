@@ -51,6 +51,9 @@ class Settings(BaseModel):
     )
     stop_timeout: float = Field(10.0, gt=0, description="Seconds a graceful stop may take.")
     spawn_timeout: float = Field(60.0, gt=0, description="Seconds for procs to come up.")
+    zygote: bool = Field(
+        True, description="Fork procs from a pre-imported template process (fast spawns)."
+    )
     die_with_parent: bool = Field(
         True, description="Have the kernel kill procs whose parent dies (besides heartbeats)."
     )

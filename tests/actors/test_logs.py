@@ -109,9 +109,17 @@ def test_identical_lines_from_many_ranks_fold_into_one(procs, printer, capsys):
     assert "similar log lines] step" not in out
 
 
-def test_stream_to_client_false_keeps_output_on_the_procs(nats_url, capfd):
-    # capfd is active before the procs start, so it also sees what they write themselves.
+def test_stream_to_client_false_keeps_output_on_the_procs(nats_url, capfd, monkeypatch):
+    # capfd is active before the procs start, so it also sees what they write themselves;
+    # procs forked by the session's zygote would write to the stdout the session began with.
+    from monarch.broker.config import settings
+
+    monkeypatch.setenv("MONARCH_ZYGOTE", "0")
+    settings.cache_clear()
     pm = this_host().spawn_procs(per_host={"gpus": 2}, name="quiet")
+    pm.initialized.get(timeout=60)  # started (as plain children) before the setting goes back
+    monkeypatch.delenv("MONARCH_ZYGOTE")
+    settings.cache_clear()
     try:
         printer = pm.spawn("printer", Printer)
         pm.logging_option(stream_to_client=False)

@@ -199,3 +199,14 @@ def test_procs_do_not_import_torch(echo):
 
 def test_procs_get_rank_environment(echo):
     assert os.environ.get("MONARCH_RANK") is None
+
+
+def test_procs_are_forked_from_the_zygote(echo):
+    from monarch.actors import launcher
+
+    zygote = launcher._the_zygote
+    assert zygote is not None and zygote.popen.poll() is None
+    for info in echo.whoami.call().get(timeout=30).values():
+        with open(f"/proc/{info['pid']}/stat") as f:
+            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        assert ppid == zygote.popen.pid
