@@ -48,6 +48,9 @@ class Port(Generic[R]):
     def _post(self, kind: str, body: bytes) -> None:
         if not self.subject:
             return  # the port of a message nobody waits for (a broadcast): drop
+        from monarch.rdma.bulk import offload
+
+        body = offload(body, readers=1, ttl=None)  # a big value travels out of band
         rt = runtime()
         headers = {m.KIND: kind, m.RANK: str(self._sender_rank()), m.FROM: sender_id()}
         rt.call_soon(rt.publish, self.subject, body, headers)
@@ -72,9 +75,43 @@ class PortReceiver(Generic[R]):
         self._arrived: collections.deque = collections.deque()  # (ok, rank, value)
         self._waiting: collections.deque[Future] = collections.deque()
         self._closed = False
+        self._raw: collections.deque = collections.deque()  # arrived, not yet taken
+        self._fetching = False
         self._port_id, self.subject = rt.open_port(self._on_msg)
 
     def _on_msg(self, msg: Any) -> None:  # on the loop
+        """Messages are taken in arrival order; a big one is fetched first (off the loop)
+        and those behind it wait for it."""
+        self._raw.append(msg)
+        if not self._fetching:
+            self._pump()
+
+    def _pump(self) -> None:
+        from monarch.rdma.bulk import is_reference
+
+        while self._raw:
+            msg = self._raw[0]
+            if (msg.headers or {}).get(m.KIND) != "error" and is_reference(msg.data):
+                self._fetching = True
+                self._rt.loop.create_task(self._fetch(msg))
+                return
+            self._raw.popleft()
+            self._take(msg)
+
+    async def _fetch(self, msg: Any) -> None:
+        from monarch.actors.runtime import LocalMsg
+        from monarch.rdma.bulk import fetch_async
+
+        try:
+            data = await fetch_async(msg.data)
+            self._raw[0] = LocalMsg(msg.subject, data, msg.reply, msg.headers)
+        except Exception as e:
+            self._raw.popleft()
+            self._deliver(False, 0, e)
+        self._fetching = False
+        self._pump()
+
+    def _take(self, msg: Any) -> None:
         if self._closed:
             return
         headers = msg.headers or {}
@@ -92,6 +129,9 @@ class PortReceiver(Generic[R]):
                     value = value.exception  # Port.exception(e) makes recv() raise e itself
         except Exception as e:
             ok, value = False, e
+        self._deliver(ok, rank, value)
+
+    def _deliver(self, ok: bool, rank: int, value: Any) -> None:
         if self._once:
             self.close()
         if self._waiting:

@@ -29,6 +29,7 @@ from monarch.broker import subjects
 from monarch.broker.codec import dumps, loads
 from monarch.broker.config import settings
 from monarch.hosts.proc_registry import register_proc
+from monarch.rdma.bulk import fetch_async
 
 log = logging.getLogger("monarch.proc")
 
@@ -75,7 +76,8 @@ class ProcServer:
         return self.rt.proc_uid
 
     async def _on_spawn(self, msg: Msg) -> None:
-        spec = loads(msg.data)
+        body = await fetch_async(msg.data)  # big __init__ arguments travel out of band
+        spec = loads(body, take=body is not msg.data)
         rank = int((msg.headers or {})[m.RANK])
         extent = Extent(spec["labels"], spec["sizes"])
         owner_proc, owner_actor = spec.get("owner") or (self.rt.root_uid, "client")

@@ -30,6 +30,7 @@ from monarch.actors.shape import Extent, View
 from monarch.actors.supervisor import supervisor_of
 from monarch.broker import subjects
 from monarch.broker.codec import PicklingForbiddenError, dumps
+from monarch.rdma.bulk import offload
 from monarch.supervision.failure import MeshFailure
 
 log = logging.getLogger(__name__)
@@ -336,7 +337,10 @@ class ProcMesh(MeshShapeOps):
                 "by procs), so it would travel by cloudpickle, which MONARCH_PICKLE=0 forbids: "
                 "move it to an importable module or set MONARCH_PICKLE=1"
             )
-        body = dumps(spec)
+        # big __init__ arguments stay here and travel out of band, once per proc
+        body = offload(dumps(spec, big_out=True), readers=len(self._view), ttl=None)
+        if not isinstance(body, bytes):
+            body = bytes(body)
         mesh_state = MeshState(st.rt, name, mesh_uid, cls, cls.__name__, extent)
         mesh_state.owner_proc, mesh_state.owner_actor = st.rt.proc_uid, sender_id()
         _owned_by_caller(mesh_state)

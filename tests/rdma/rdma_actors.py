@@ -99,3 +99,22 @@ class BufferOwner(Actor):
     @endpoint
     def big(self, n: int, seed: int) -> torch.Tensor:
         return pattern(n, seed)
+
+
+class BigInit(Actor):
+    """Takes a big __init__ argument and sends big values through a port."""
+
+    def __init__(self, blob: bytes) -> None:
+        self.n = len(blob)
+
+    @endpoint
+    def init_len(self) -> int:
+        return self.n
+
+    @endpoint
+    def send_big(self, port, n: int) -> None:
+        port.send(b"b" * n)
+
+    @endpoint
+    def send_small(self, port) -> None:
+        port.send(b"s")

@@ -126,3 +126,22 @@ def test_one_gib_tensor_argument(owners):
     assert sampled == [int(t[i]) for i in picks]
     assert total == expected
     print(f"1 GiB argument: {time.monotonic() - start:.2f} s")
+
+
+def test_big_port_values_and_init_arguments_travel_out_of_band(nats_url):
+    """Everything over max_payload goes out of band: port messages and spawn arguments too."""
+    from monarch.actor import Channel, this_host
+    from tests.rdma.rdma_actors import BigInit
+
+    big = b"p" * (3 << 20)
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    try:
+        mesh = pm.spawn("bigin", BigInit, big)  # 3 MiB __init__ argument
+        assert list(mesh.init_len.call().get(timeout=60).values()) == [len(big)] * 2
+        port, receiver = Channel.open()
+        mesh.send_big.broadcast(port, 2 << 20)
+        mesh.send_small.broadcast(port)
+        got = sorted(len(receiver.recv().get(timeout=60)) for _ in range(4))
+        assert got == [1, 1, 2 << 20, 2 << 20]
+    finally:
+        pm.stop().get(timeout=60)
