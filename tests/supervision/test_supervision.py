@@ -208,5 +208,6 @@ def test_call_through_a_reference_fails_when_the_proc_dies(procs):
     pid = worker.pid.call_one().get(timeout=30)
     in_flight = worker.block.call_one()
     os.kill(pid, signal.SIGKILL)
-    with pytest.raises(SupervisionError, match="gone"):
+    # "gone" when the call was running; "no actor" if the kill beat its delivery
+    with pytest.raises(SupervisionError, match="gone|no actor"):
         in_flight.get(timeout=30)
