@@ -203,9 +203,65 @@ class Runtime:
         if subject == self._own_ctl:
             self._on_ctl(LocalMsg(subject, payload, reply, headers))
             return
-        self._outbox.append((subject, payload, reply, headers, on_error))
-        if len(self._outbox) == 1:
-            self._outbox_wakeup.set()
+        if self._outbox:  # earlier messages still wait there: keep the order
+            self._outbox.append((subject, payload, reply, headers, on_error))
+            return
+        self._publish_now(subject, payload, reply, headers, on_error)
+
+    def _publish_now(
+        self,
+        subject: str,
+        payload: bytes,
+        reply: str,
+        headers: dict[str, str] | None,
+        on_error: Callable[[BaseException], None] | None,
+    ) -> None:
+        """Run nats-py's ``publish`` coroutine right here, without a task switch.
+
+        It queues the message's bytes before its first (rare) suspension, a
+        forced flush of a full buffer, so the order of messages is fixed here
+        either way; a suspended publish is finished by a task.
+        """
+        coro = self.nc.publish(subject, payload, reply=reply, headers=headers)
+        try:
+            yielded = coro.send(None)
+        except StopIteration:
+            return
+        except Exception as e:
+            self._publish_failed(subject, e, on_error)
+            return
+        self.loop.create_task(self._finish_publish(coro, yielded, subject, on_error))
+
+    async def _finish_publish(
+        self,
+        coro: Any,
+        yielded: Any,
+        subject: str,
+        on_error: Callable[[BaseException], None] | None,
+    ) -> None:
+        try:
+            while True:
+                if yielded is None:
+                    await asyncio.sleep(0)
+                else:
+                    try:
+                        await yielded
+                    except BaseException:
+                        pass  # the publish coroutine sees the outcome when resumed
+                yielded = coro.send(None)
+        except StopIteration:
+            return
+        except Exception as e:
+            self._publish_failed(subject, e, on_error)
+
+    @staticmethod
+    def _publish_failed(
+        subject: str, e: BaseException, on_error: Callable[[BaseException], None] | None
+    ) -> None:
+        if on_error is not None:
+            on_error(e)
+        else:
+            log.warning("could not publish to %s: %r", subject, e)
 
     async def _drain_outbox(self) -> None:
         nc, box, wakeup = self.nc, self._outbox, self._outbox_wakeup

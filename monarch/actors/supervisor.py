@@ -100,8 +100,7 @@ class Supervisor:
         subject = subjects.supervision(self.rt.namespace, owner_proc)
         if owner_proc == self.rt.proc_uid:
             # Same process: handle now, and record it in the stream for inspection.
-            self.rt._outbox.append((subject, body, "", headers, None))
-            self.rt._outbox_wakeup.set()
+            self.rt.publish(subject, body, headers)
             self.dispatch(failure)
         else:
             self.rt.publish(subject, body, headers)
