@@ -57,27 +57,26 @@ def test_hello_mesh_example_runs_on_embedded_broker_and_cleans_up(tmp_path):
     assert list(store.iterdir()) == []  # broker store dir removed
 
 
-def test_ctrl_c_stops_procs_and_embedded_broker(tmp_path):
+READY_CLIENT = """
+import time
+from monarch.actor import Actor, endpoint, this_host
+
+class Pinger(Actor):
+    @endpoint
+    def ping(self) -> int:
+        return 1
+
+procs = this_host().spawn_procs(per_host={"gpus": 2})
+procs.spawn("p", Pinger).ping.call().get()
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def start_ready_client(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """A client on its own embedded broker with two procs, waiting once it says ready."""
     script = tmp_path / "script.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-            import time
-            from monarch.actor import Actor, endpoint, this_host
-
-            class Sleeper(Actor):
-                @endpoint
-                def ping(self) -> int:
-                    return 1
-
-            procs = this_host().spawn_procs(per_host={"gpus": 2})
-            m = procs.spawn("s", Sleeper)
-            m.ping.call().get()
-            print("ready", flush=True)
-            time.sleep(120)
-            """
-        )
-    )
+    script.write_text(READY_CLIENT)
     store = tmp_path / "tmp"
     store.mkdir()
     p = subprocess.Popen(
@@ -87,6 +86,11 @@ def test_ctrl_c_stops_procs_and_embedded_broker(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
+    return p, store
+
+
+def test_ctrl_c_stops_procs_and_embedded_broker(tmp_path):
+    p, store = start_ready_client(tmp_path)
     try:
         assert p.stdout.readline().strip() == "ready"
         children = descendants(p.pid)
@@ -102,30 +106,7 @@ def test_ctrl_c_stops_procs_and_embedded_broker(tmp_path):
 
 
 def test_client_sigkill_takes_procs_and_broker_down(tmp_path):
-    script = tmp_path / "script.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-            import time
-            from monarch.actor import Actor, endpoint, this_host
-
-            class A(Actor):
-                @endpoint
-                def ping(self) -> int:
-                    return 1
-
-            procs = this_host().spawn_procs(per_host={"gpus": 2})
-            procs.spawn("a", A).ping.call().get()
-            print("ready", flush=True)
-            time.sleep(120)
-            """
-        )
-    )
-    store = tmp_path / "tmp"
-    store.mkdir()
-    p = subprocess.Popen(
-        [sys.executable, str(script)], env=client_env(store), stdout=subprocess.PIPE, text=True
-    )
+    p, _ = start_ready_client(tmp_path)
     try:
         assert p.stdout.readline().strip() == "ready"
         children = descendants(p.pid)

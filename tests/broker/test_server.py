@@ -10,37 +10,17 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import nats
 import pytest
 
 from monarch.broker.config import settings
 from monarch.broker.server import BrokerError, EmbeddedBroker, find_nats_server
-
-
-def _alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie waiting to be reaped."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc: fall back to a signal probe
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
+from tests.conftest import pid_alive, wait_until
 
 
 def _wait_gone(pid: int, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
+    return wait_until(lambda: not pid_alive(pid), timeout=timeout, interval=0.05)
 
 
 def _our_nats_servers() -> set[int]:
@@ -174,7 +154,7 @@ def test_server_dies_when_its_parent_is_sigkilled():
         assert line and line[0].strip(), f"child printed nothing: {parent.poll()=}"
         pid_text, store = line[0].split(maxsplit=1)
         server_pid, store = int(pid_text), store.strip()
-        assert _alive(server_pid)
+        assert pid_alive(server_pid)
         parent.send_signal(signal.SIGKILL)
         parent.wait(10)
         assert _wait_gone(server_pid), "nats-server outlived its SIGKILLed parent"
@@ -182,7 +162,7 @@ def test_server_dies_when_its_parent_is_sigkilled():
         if parent.poll() is None:
             parent.kill()
             parent.wait(10)
-        if server_pid is not None and _alive(server_pid):
+        if server_pid is not None and pid_alive(server_pid):
             os.kill(server_pid, signal.SIGKILL)
         if store:
             shutil.rmtree(store, ignore_errors=True)  # no atexit ran to remove it

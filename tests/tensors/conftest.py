@@ -29,3 +29,18 @@ def procs2(nats_url):
     pm.initialized.get(timeout=60)
     yield pm
     pm.stop().get(timeout=60)
+
+
+@pytest.fixture
+def round_trips(monkeypatch):
+    """The names of the calls the client made to the procs and waited for (no op pipelining)."""
+    from monarch.tensors import controller as controller_mod
+
+    calls: list = []
+    real_call = controller_mod.Controller.call
+    monkeypatch.setattr(
+        controller_mod.Controller,
+        "call",
+        lambda self, *a: calls.append(a[1]) or real_call(self, *a),
+    )
+    return calls

@@ -64,14 +64,8 @@ def test_each_proc_holds_its_own_tensor(procs):
         assert monarch.inspect(doubled).item() == 2.0  # default: coordinate 0 everywhere
 
 
-def test_ops_are_pipelined_and_applied_in_order(procs, monkeypatch):
-    calls = []
-    real_call = controller_mod.Controller.call
-    monkeypatch.setattr(
-        controller_mod.Controller,
-        "call",
-        lambda self, *a: calls.append(a[1]) or real_call(self, *a),
-    )
+def test_ops_are_pipelined_and_applied_in_order(procs, round_trips):
+    calls = round_trips
     with procs.activate():
         x = torch.zeros(2)
         for i in range(500):

@@ -7,7 +7,6 @@ import torch
 
 import monarch
 from monarch.tensors import RemoteTensorError
-from monarch.tensors import controller as controller_mod
 from tests.tensors.tensor_helpers import (
     Scaler,
     positive_part,
@@ -25,14 +24,8 @@ def test_remote_function_with_propagate_runs_on_every_proc(procs):
         assert values(r, procs) == [1.0, 2.0, 3.0, 4.0]
 
 
-def test_remote_function_without_propagate_uses_a_meta_trial_run(procs, monkeypatch):
-    calls = []
-    real_call = controller_mod.Controller.call
-    monkeypatch.setattr(
-        controller_mod.Controller,
-        "call",
-        lambda self, *a: calls.append(a[1]) or real_call(self, *a),
-    )
+def test_remote_function_without_propagate_uses_a_meta_trial_run(procs, round_trips):
+    calls = round_trips
     with procs.activate():
         y = scale_and_shift(torch.ones(2, 3), 2.0, b=rank_value())
         assert y.shape == (2, 3) and calls == []  # known without asking the procs
@@ -43,14 +36,8 @@ def test_remote_function_without_propagate_uses_a_meta_trial_run(procs, monkeypa
         assert monarch.inspect(b).tolist() == [0, 1, 2]
 
 
-def test_remote_function_with_data_dependent_shape_takes_one_round_trip(procs, monkeypatch):
-    calls = []
-    real_call = controller_mod.Controller.call
-    monkeypatch.setattr(
-        controller_mod.Controller,
-        "call",
-        lambda self, *a: calls.append(a[1]) or real_call(self, *a),
-    )
+def test_remote_function_with_data_dependent_shape_takes_one_round_trip(procs, round_trips):
+    calls = round_trips
     with procs.activate():
         x = torch.tensor([-1.0, 2.0, -3.0, 4.0, 5.0])
         pos = positive_part(x)  # the trial run cannot know how many are positive
