@@ -40,6 +40,34 @@ def redact(url: str) -> str:
     return ",".join(out)
 
 
+def check_creds_file(path: str) -> None:
+    """Fail before connecting when ``MONARCH_NATS_CREDS`` cannot work.
+
+    nats-py reads the file only while signing the server's nonce, deep inside its
+    connect loop, where a missing file or a missing ``nkeys`` package surfaces as
+    an unrelated-looking error or a generic "no servers available".
+    """
+    try:
+        import nkeys  # noqa: F401  (nats-py signs the nonce with it)
+    except ImportError as e:
+        raise BrokerConnectionError(
+            "MONARCH_NATS_CREDS needs the nkeys package: pip install nkeys"
+        ) from e
+    try:
+        with open(path, "rb") as f:
+            text = f.read()
+    except OSError as e:
+        raise BrokerConnectionError(
+            f"MONARCH_NATS_CREDS={path!r} cannot be read: {e.strerror}"
+        ) from e
+    for section in (b"BEGIN NATS USER JWT", b"BEGIN USER NKEY SEED"):
+        if section not in text:
+            raise BrokerConnectionError(
+                f"MONARCH_NATS_CREDS={path!r} is not a NATS credentials file "
+                f"(no '{section.decode()}' section; make one with `nsc generate creds`)"
+            )
+
+
 def connect_options(cfg: Settings) -> dict[str, Any]:
     opts: dict[str, Any] = {}
     if cfg.nats_token:
@@ -48,6 +76,7 @@ def connect_options(cfg: Settings) -> dict[str, Any]:
         opts["user"] = cfg.nats_user
         opts["password"] = cfg.nats_password or ""
     if cfg.nats_creds:
+        check_creds_file(cfg.nats_creds)
         opts["user_credentials"] = cfg.nats_creds
     if cfg.nats_tls_ca or cfg.nats_tls_cert:
         ctx = ssl.create_default_context(cafile=cfg.nats_tls_ca)
@@ -68,6 +97,7 @@ async def connect(
 ) -> Client:
     """Connect once (no retry loop at start: a wrong URL or password fails fast)."""
     errors: list[Exception] = []
+    options = connect_options(cfg)  # a bad credentials file fails here, before any I/O
 
     async def record(e: Exception) -> None:
         errors.append(e)
@@ -89,7 +119,7 @@ async def connect(
                 error_cb=record,
                 disconnected_cb=disconnected_cb,
                 reconnected_cb=reconnected_cb,
-                **connect_options(cfg),
+                **options,
             ),
             cfg.connect_timeout,
         )

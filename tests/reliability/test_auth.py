@@ -195,3 +195,69 @@ def test_tls_broker_needs_the_right_ca(tmp_path):
             run(connect(url, Settings(connect_timeout=2), name="t"))
     finally:
         broker.stop()
+
+
+@pytest.fixture(scope="module")
+def operator_broker(tmp_path_factory):
+    """A nats-server in operator (JWT) mode, and a user of one of its accounts."""
+    from tests.reliability.nats_jwt import Operator
+
+    folder = tmp_path_factory.mktemp("operator")
+    operator = Operator()
+    job = operator.account("JOB")
+    alice = operator.user(job, "alice")
+    conf = operator.server_config(folder / "server.conf")
+    broker = EmbeddedBroker(jetstream=True, extra_args=["-c", str(conf)]).start()
+    yield broker, operator, alice, folder
+    broker.stop()
+
+
+def test_creds_file_runs_a_whole_job(operator_broker):
+    from tests.reliability.nats_jwt import write_creds
+
+    broker, _, alice, folder = operator_broker
+    creds = write_creds(alice, folder / "alice.creds")
+    script = folder / "job.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            from monarch.actor import this_host, get_or_spawn_controller
+            from tests.actors.actors_for_tests import Echo
+            pm = this_host().spawn_procs(per_host={"gpus": 2})
+            echoes = pm.spawn("e", Echo)
+            print(sorted(echoes.ping.call(5).get().values()), flush=True)
+            ctl = get_or_spawn_controller("creds-ctl", Echo).get()  # JetStream KV too
+            print(ctl.ping.call_one(7).get(), flush=True)
+            pm.stop().get()
+            """
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MONARCH_")}
+    env.update(PYTHONPATH=str(ROOT), MONARCH_NATS_URL=broker.url, MONARCH_NATS_CREDS=str(creds))
+    result = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == ["[5, 5]", "7"]
+
+
+def test_creds_of_an_unknown_account_or_none_are_refused(operator_broker):
+    from tests.reliability.nats_jwt import Operator, write_creds
+
+    broker, _, _, folder = operator_broker
+    stranger = Operator()  # signed by an operator this server does not trust
+    eve = write_creds(stranger.user(stranger.account("EVE"), "eve"), folder / "eve.creds")
+    with pytest.raises(BrokerConnectionError, match="Authorization Violation.*MONARCH_NATS_CREDS"):
+        run(connect(broker.url, Settings(nats_creds=str(eve)), name="t"))
+    with pytest.raises(BrokerConnectionError, match="Authorization Violation"):
+        run(connect(broker.url, Settings(), name="t"))
+
+
+def test_unusable_creds_file_is_named_before_connecting(tmp_path):
+    missing = tmp_path / "nope.creds"
+    with pytest.raises(BrokerConnectionError, match="nope.creds.*cannot be read"):
+        run(connect("nats://127.0.0.1:1", Settings(nats_creds=str(missing)), name="t"))
+    junk = tmp_path / "junk.creds"
+    junk.write_text("not a credentials file\n")
+    with pytest.raises(BrokerConnectionError, match="not a NATS credentials file"):
+        run(connect("nats://127.0.0.1:1", Settings(nats_creds=str(junk)), name="t"))
