@@ -51,6 +51,7 @@ class Framework:
     units: dict = field(default_factory=dict)
     errors: dict = field(default_factory=dict)  # scenario -> [message per failed run]
     leftovers: int = 0  # processes killed after its runs
+    env: dict = field(default_factory=dict)  # extra environment of its runs (--ours-env)
     run_notes: list = field(default_factory=list)  # runs killed or failed as a whole
 
 
@@ -77,12 +78,14 @@ def frameworks(args: argparse.Namespace) -> list[Framework]:
     ]
 
 
-def child_env(tag: str) -> dict[str, str]:
+def child_env(tag: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     """Our environment less MONARCH_* (ours must start its embedded broker; the real
     Monarch has settings of the same prefix) and PYTHONPATH (each venv imports its own
-    ``monarch``), plus the tag that finds every process a run leaves behind."""
+    ``monarch``), plus the tag that finds every process a run leaves behind and the
+    framework's own extra variables (``--ours-env``, for A/B runs of one setting)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MONARCH_")}
     env.pop("PYTHONPATH", None)
+    env.update(extra or {})
     env[TAG_VAR] = tag
     return env
 
@@ -156,7 +159,7 @@ def run_once(fw: Framework, extra: list[str], timeout: float) -> tuple[list[dict
         # stderr goes to a file, not a pipe: a process the run leaves behind may hold it open.
         with open(Path(cwd) / "stderr.txt", "w+") as errors:
             proc = subprocess.Popen(
-                cmd, cwd=cwd, env=child_env(tag), stdin=subprocess.DEVNULL,
+                cmd, cwd=cwd, env=child_env(tag, fw.env), stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=errors, start_new_session=True,
             )  # fmt: skip
             try:
@@ -380,6 +383,13 @@ def main() -> None:
     ap.add_argument("--ours-python", default=sys.executable, help="python of our venv")
     ap.add_argument("--monarch-python", help="python of a venv with torchmonarch")
     ap.add_argument("--ray-python", help="python of a venv with ray and torch")
+    ap.add_argument(
+        "--ours-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="environment variable for our runs (repeatable), e.g. MONARCH_BUSY_POLL_US=0",
+    )
     ap.add_argument("--timeout", type=float, default=RUN_TIMEOUT, help="seconds per run")
     args = ap.parse_args()
     if args.runs < 1:
@@ -391,6 +401,13 @@ def main() -> None:
 
     load_start = os.getloadavg()
     fws = frameworks(args)
+    for pair in args.ours_env:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            ap.error(f"--ours-env wants NAME=VALUE, not {pair!r}")
+        fws[0].env[name] = value
+    if fws[0].env:
+        print(f"our runs also get {fws[0].env}", file=sys.stderr)
     for fw in fws:
         if fw.name in only:
             probe(fw)

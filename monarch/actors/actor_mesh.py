@@ -417,6 +417,8 @@ class ActorMesh(MeshShapeOps, Generic[A]):
     ) -> Any:
         body, headers = self._encode(endpoint, args, kwargs, "call", adhoc)
         tokens, expected = self._targets("choose" if gather == "choose" else "all")
+        if len(expected) == 1 and gather != "stream":
+            headers[m.WAIT] = "one"  # one reply that the caller waits on: busy-poll for it
         g = Gather(self._state, self._view, expected, gather, endpoint)
         self._state.rt.call_soon(self._state.send, tokens, body, headers, g)
         if flow:

@@ -430,10 +430,13 @@ class ActorInstance:
                 f"max_payload of {self.rt.max_payload}"
             )
             ok, body = False, m.encode_error(too_big)
-        self._publish_reply(msg.reply, "reply" if ok else "error", body)
+        wait = bool(msg.headers and m.WAIT in msg.headers)
+        self._publish_reply(msg.reply, "reply" if ok else "error", body, wait)
 
-    def _publish_reply(self, subject: str, kind: str, body: bytes) -> None:
+    def _publish_reply(self, subject: str, kind: str, body: bytes, wait: bool = False) -> None:
         headers = {m.KIND: kind, m.RANK: str(self.rank), m.FROM: self.actor_id}
+        if wait:  # the caller blocks on this reply (see monarch.actors.busy_poll)
+            headers[m.WAIT] = "one"
         self.rt.publish(subject, body, headers)
 
     def _refuse(self, msg: Msg) -> None:

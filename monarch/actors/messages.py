@@ -12,6 +12,9 @@ encoded by :mod:`monarch.broker.codec`.
 ``Mon-Seq``               the sender process's message counter
 ``Mon-Rank``              the replier's rank in its mesh (replies), or
                           the receiver's rank (spawn)
+``Mon-Wait``              ``one`` on a call to a single actor and on its
+                          reply: the caller blocks on it, so both sides
+                          busy-poll briefly (:mod:`monarch.actors.busy_poll`)
 ========================  ==============================================
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 import traceback as tb
 from typing import Any
 
+from monarch.actors.busy_poll import WAIT_HEADER
 from monarch.actors.errors import ActorError, RemoteException
 from monarch.broker.codec import CodecError, dumps, loads
 from monarch.rdma.bulk import fetch
@@ -29,6 +33,7 @@ ENDPOINT = "Mon-Endpoint"
 FROM = "Mon-From"
 SEQ = "Mon-Seq"
 RANK = "Mon-Rank"
+WAIT = WAIT_HEADER
 
 
 def encode_error(exc: BaseException) -> bytes:

@@ -27,6 +27,7 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from monarch.actors.busy_poll import WAIT_HEADER, BusyPoll
 from monarch.actors.future import mark_loop_thread
 from monarch.broker import subjects
 from monarch.broker.config import Settings, settings
@@ -88,6 +89,7 @@ class Runtime:
         self.max_payload = 1024 * 1024
         self._own_port_prefix = subjects.port(cfg.namespace, proc_uid, "")
         self._own_ctl = subjects.ctl_proc(cfg.namespace, proc_uid)
+        self.busy_poll = BusyPoll(loop, cfg.busy_poll_us)
 
     # -- start and stop ----------------------------------------------------
 
@@ -107,8 +109,11 @@ class Runtime:
         )
         self.max_payload = self.nc.max_payload
         ns = self.namespace
-        await subscribe_ordered(self.nc, subjects.port_wildcard(ns, self.proc_uid), self._on_port)
-        await subscribe_ordered(self.nc, subjects.ctl_proc(ns, self.proc_uid), self._on_ctl)
+        poke = self.busy_poll.on_message
+        await subscribe_ordered(
+            self.nc, subjects.port_wildcard(ns, self.proc_uid), self._on_port, poke
+        )
+        await subscribe_ordered(self.nc, subjects.ctl_proc(ns, self.proc_uid), self._on_ctl, poke)
         self._outbox_task = self.loop.create_task(self._drain_outbox())
 
     async def close(self) -> None:
@@ -128,6 +133,7 @@ class Runtime:
                 await self.nc.close()
         if self._outbox_task is not None:
             self._outbox_task.cancel()
+        self.busy_poll.close()
 
     def on_close(self, closer: Callable[[], Any]) -> None:
         """Run ``closer`` (sync or async) when the runtime closes, last registered first."""
@@ -197,6 +203,8 @@ class Runtime:
         Messages to this process's own ports and control subject are handed
         over directly, without the broker round trip.
         """
+        if headers and WAIT_HEADER in headers:
+            self.busy_poll.poke()
         if subject.startswith(self._own_port_prefix):
             self._on_port(LocalMsg(subject, payload, reply, headers))
             return
@@ -318,7 +326,7 @@ class Runtime:
         self._ctl_handler(msg)
 
     async def subscribe_mesh(self, subject: str, handler: Callable[[Msg], None]) -> Any:
-        return await subscribe_ordered(self.nc, subject, handler)
+        return await subscribe_ordered(self.nc, subject, handler, self.busy_poll.on_message)
 
 
 # -- the process-wide instance -------------------------------------------------

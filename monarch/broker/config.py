@@ -41,6 +41,12 @@ class Settings(BaseModel):
     flow_timeout: float = Field(
         60.0, gt=0, description="Seconds a sender may be held back by a slow mesh before it errs."
     )
+    busy_poll_us: int = Field(
+        1000,
+        ge=0,
+        le=100_000,
+        description="Microseconds an event loop keeps polling after traffic (0: sleep at once).",
+    )
     flow_batch: int = Field(1000, ge=1, description="Messages between two flow markers.")
     flow_window: int = Field(16, ge=1, description="Unanswered flow markers before a sender waits.")
     connect_timeout: float = Field(

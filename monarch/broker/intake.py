@@ -32,11 +32,16 @@ Handler = Callable[[Msg], None]
 class _DirectQueue:
     """Quacks like the ``asyncio.Queue`` nats-py expects; delivers inline."""
 
-    def __init__(self, sub: Subscription, handler: Handler) -> None:
+    def __init__(
+        self, sub: Subscription, handler: Handler, on_message: Handler | None
+    ) -> None:
         self._sub = sub
         self._handler = handler
+        self._on_message = on_message
 
     def put_nowait(self, msg: Msg) -> None:
+        if self._on_message is not None:
+            self._on_message(msg)
         # nats-py counted these bytes as pending; they are handled already.
         self._sub._pending_size -= len(msg.data)
         try:
@@ -57,8 +62,12 @@ class _DirectQueue:
         return None
 
 
-async def subscribe_ordered(nc: Client, subject: str, handler: Handler) -> Subscription:
+async def subscribe_ordered(
+    nc: Client, subject: str, handler: Handler, on_message: Handler | None = None
+) -> Subscription:
     """Subscribe so that ``handler`` runs inline, in wire order, on the reader task.
+
+    ``on_message`` (if given) sees every message first (the runtime's busy poll).
 
     The handler must be quick and must not block: it routes the message to a
     mailbox and returns. Exceptions it raises are logged and the message is
@@ -72,5 +81,5 @@ async def subscribe_ordered(nc: Client, subject: str, handler: Handler) -> Subsc
                 "ordered delivery (pin nats-py>=2.9,<3)"
             )
     sub._pending_bytes_limit = 0  # our mailboxes account for memory, not nats-py
-    sub._pending_queue = _DirectQueue(sub, handler)  # type: ignore[assignment]
+    sub._pending_queue = _DirectQueue(sub, handler, on_message)  # type: ignore[assignment]
     return sub
