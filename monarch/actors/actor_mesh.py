@@ -160,9 +160,15 @@ class MeshState:
             self.local.deliver(LocalMsg(subject, body, reply, headers))
             return
         on_error = gather.fail if gather is not None else None
+        batchable = not reply  # a send: it may share one NATS message with its neighbours
         for toks in tokens:
             rt.publish(
-                subjects.actor(ns, self.name, self.uid, toks), body, headers, reply, on_error
+                subjects.actor(ns, self.name, self.uid, toks),
+                body,
+                headers,
+                reply,
+                on_error,
+                batchable,
             )
 
     async def stop(self) -> None:
@@ -417,8 +423,8 @@ class ActorMesh(MeshShapeOps, Generic[A]):
     ) -> Any:
         body, headers = self._encode(endpoint, args, kwargs, "call", adhoc)
         tokens, expected = self._targets("choose" if gather == "choose" else "all")
-        if len(expected) == 1 and gather != "stream":
-            headers[m.WAIT] = "one"  # one reply that the caller waits on: busy-poll for it
+        if flow and len(expected) == 1 and gather != "stream":
+            headers[m.WAIT] = "one"  # one reply that a caller waits on: busy-poll for it
         g = Gather(self._state, self._view, expected, gather, endpoint)
         self._state.rt.call_soon(self._state.send, tokens, body, headers, g)
         if flow:

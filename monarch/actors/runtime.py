@@ -29,7 +29,7 @@ from nats.aio.msg import Msg
 
 from monarch.actors.busy_poll import WAIT_HEADER, BusyPoll
 from monarch.actors.future import mark_loop_thread
-from monarch.broker import subjects
+from monarch.broker import batch, subjects
 from monarch.broker.config import Settings, settings
 from monarch.broker.connect import connect
 from monarch.broker.intake import subscribe_ordered
@@ -77,11 +77,14 @@ class Runtime:
         self._port_ids = itertools.count(1)
         self._mesh_handlers: dict[str, Callable[[Msg], None]] = {}
         self._ctl_handler: Callable[[Msg], None] | None = None
-        self._outbox: collections.deque = collections.deque()
         self._inbox: collections.deque = collections.deque()  # calls from other threads
         self._inbox_scheduled = False
-        self._outbox_wakeup: asyncio.Event | None = None  # created on the loop
-        self._outbox_task: asyncio.Task | None = None
+        # Fire-and-forget messages to one subject waiting to leave as one (monarch.broker.batch).
+        self._batch: list[tuple[dict[str, str], bytes]] = []
+        self._batch_subject = ""
+        self._batch_bytes = 0
+        self._batch_scheduled = False
+        self._batch_max = cfg.batch_max if cfg.wire == "msgpack" else 0  # JSON stays readable
         self._loop_thread_id: int | None = None
         self._closers: list[Callable[[], Any]] = []
         # Called with False when the broker connection drops and True when it is back.
@@ -98,7 +101,6 @@ class Runtime:
         self._loop_thread_id = threading.get_ident()
         mark_loop_thread()
         self.nats_url = url
-        self._outbox_wakeup = asyncio.Event()
         self.nc = await connect(
             url,
             self.settings,
@@ -114,7 +116,6 @@ class Runtime:
             self.nc, subjects.port_wildcard(ns, self.proc_uid), self._on_port, poke
         )
         await subscribe_ordered(self.nc, subjects.ctl_proc(ns, self.proc_uid), self._on_ctl, poke)
-        self._outbox_task = self.loop.create_task(self._drain_outbox())
 
     async def close(self) -> None:
         for closer in reversed(self._closers):
@@ -126,13 +127,11 @@ class Runtime:
                 log.exception("error while closing the runtime")
         self._closers.clear()
         if self.nc is not None and not self.nc.is_closed:
-            await self._flush_outbox()
+            await self._flush_pending()
             try:
                 await asyncio.wait_for(self.nc.drain(), 2.0)
             except Exception:
                 await self.nc.close()
-        if self._outbox_task is not None:
-            self._outbox_task.cancel()
         self.busy_poll.close()
 
     def on_close(self, closer: Callable[[], Any]) -> None:
@@ -197,11 +196,14 @@ class Runtime:
         headers: dict[str, str] | None = None,
         reply: str = "",
         on_error: Callable[[BaseException], None] | None = None,
+        batchable: bool = False,
     ) -> None:
         """Queue a message; messages leave in the order ``publish`` was called. Loop only.
 
         Messages to this process's own ports and control subject are handed
-        over directly, without the broker round trip.
+        over directly, without the broker round trip. ``batchable`` messages
+        (small, no reply) may leave together with the ones next to them that
+        go to the same subject, as one batch (:mod:`monarch.broker.batch`).
         """
         if headers and WAIT_HEADER in headers:
             self.busy_poll.poke()
@@ -211,10 +213,48 @@ class Runtime:
         if subject == self._own_ctl:
             self._on_ctl(LocalMsg(subject, payload, reply, headers))
             return
-        if self._outbox:  # earlier messages still wait there: keep the order
-            self._outbox.append((subject, payload, reply, headers, on_error))
+        if (
+            batchable
+            and self._batch_max
+            and not reply
+            and headers is not None
+            and len(payload) <= batch.ITEM_MAX_BYTES
+        ):
+            self._add_to_batch(subject, payload, headers)
             return
+        if self._batch:  # earlier messages wait there: they leave first
+            self._flush_batch()
         self._publish_now(subject, payload, reply, headers, on_error)
+
+    def _add_to_batch(self, subject: str, payload: bytes, headers: dict[str, str]) -> None:
+        if self._batch and subject != self._batch_subject:
+            self._flush_batch()
+        self._batch_subject = subject
+        self._batch.append((headers, payload))
+        self._batch_bytes += len(payload)
+        if len(self._batch) >= self._batch_max or self._batch_bytes >= min(
+            batch.BATCH_MAX_BYTES, self.max_payload // 2
+        ):
+            self._flush_batch()
+        elif not self._batch_scheduled:
+            # Whatever else this loop turn sends to the same subject joins the batch.
+            self._batch_scheduled = True
+            self.loop.call_soon(self._flush_batch_at_turn_end)
+
+    def _flush_batch_at_turn_end(self) -> None:
+        self._batch_scheduled = False
+        self._flush_batch()
+
+    def _flush_batch(self) -> None:
+        items, subject = self._batch, self._batch_subject
+        if not items:
+            return
+        self._batch, self._batch_bytes = [], 0
+        if len(items) == 1:  # a lone message travels as itself
+            headers, payload = items[0]
+            self._publish_now(subject, payload, "", headers, None)
+        else:
+            self._publish_now(subject, batch.pack(items), "", batch.headers(len(items)), None)
 
     def _publish_now(
         self,
@@ -271,26 +311,8 @@ class Runtime:
         else:
             log.warning("could not publish to %s: %r", subject, e)
 
-    async def _drain_outbox(self) -> None:
-        nc, box, wakeup = self.nc, self._outbox, self._outbox_wakeup
-        while True:
-            await wakeup.wait()
-            wakeup.clear()
-            while box:
-                subject, payload, reply, headers, on_error = box.popleft()
-                try:
-                    await nc.publish(subject, payload, reply=reply, headers=headers)
-                except Exception as e:
-                    if on_error is not None:
-                        on_error(e)
-                    else:
-                        log.warning("could not publish to %s: %r", subject, e)
-
-    async def _flush_outbox(self) -> None:
-        for _ in range(100):
-            if not self._outbox:
-                break
-            await asyncio.sleep(0.005)
+    async def _flush_pending(self) -> None:
+        self._flush_batch()
         if self.nc is not None and self.nc.is_connected:
             try:
                 await self.nc.flush(timeout=2)

@@ -41,6 +41,12 @@ class Settings(BaseModel):
     flow_timeout: float = Field(
         60.0, gt=0, description="Seconds a sender may be held back by a slow mesh before it errs."
     )
+    batch_max: int = Field(
+        1000,
+        ge=0,
+        description="Most fire-and-forget messages to one subject sent as one NATS message "
+        "(0: each travels alone).",
+    )
     busy_poll_us: int = Field(
         1000,
         ge=0,

@@ -24,6 +24,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from monarch.broker import batch
+
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Msg], None]
@@ -45,7 +47,13 @@ class _DirectQueue:
         # nats-py counted these bytes as pending; they are handled already.
         self._sub._pending_size -= len(msg.data)
         try:
-            self._handler(msg)
+            if batch.is_batch(msg) and not msg.reply:  # we never send a batch with a reply
+                for one in batch.unpack(msg):
+                    self._handler(one)  # type: ignore[arg-type]
+            else:
+                self._handler(msg)
+        except batch.MalformedBatchError as e:
+            log.warning("dropping a malformed batch: %s", e)
         except Exception:  # a handler bug must not kill the connection's reader
             log.exception("dropping message on %s: handler failed", msg.subject)
 

@@ -5,6 +5,8 @@ any), and the body decoded with :func:`monarch.broker.codec.loads` (either
 wire mode). Pickled values are shown as ``<pickle N bytes>`` unless
 ``--pickle`` says the traffic is trusted; bodies that are not monarch's
 (heartbeat timestamps, reasons) print as text. Lines are cut to ``--width``.
+A batch (``Mon-Kind=batch``, see :mod:`monarch.broker.batch`) prints its own
+line, then one ``  > `` line per message inside it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any, TextIO
 
 import msgpack
 
+from monarch.broker import batch
 from monarch.broker.codec import CodecError, loads
 from monarch.cli.main import broker_url
 
@@ -85,7 +88,19 @@ def format_msg(msg: Any, width: int = 240, allow_pickle: bool = False) -> str:
     parts += [f"{k}={v}" for k, v in headers.items() if k.startswith("Mon-") or k == "Status"]
     if msg.reply:
         parts.append(f"reply={msg.reply}")
-    line = "  ".join([" ".join(parts), decode_body(msg.data, allow_pickle)])
+    if batch.is_batch(msg) and not msg.reply:
+        # One line for the batch, then one per message inside it, in order.
+        try:
+            inner = batch.unpack(msg)
+        except batch.MalformedBatchError as e:
+            return _cut(" ".join(parts) + f"  <{e}>", width)
+        return "\n".join(
+            [" ".join(parts)] + ["  > " + format_msg(m, width - 4, allow_pickle) for m in inner]
+        )
+    return _cut("  ".join([" ".join(parts), decode_body(msg.data, allow_pickle)]), width)
+
+
+def _cut(line: str, width: int) -> str:
     return line if len(line) <= width else line[: max(width - 1, 0)] + "…"
 
 

@@ -78,9 +78,12 @@ def threshold() -> int:
     return _threshold_cache[1]
 
 
+ALWAYS_INLINE = 1024  # bodies this small never go out of band, whatever the threshold
+
+
 def offload(body: bytes, *, readers: int | None, ttl: float | None = None) -> bytes:
     """``body`` itself if small, else a reference to it (kept here for ``readers`` reads or ``ttl`` s)."""
-    if len(body) <= threshold():
+    if len(body) <= ALWAYS_INLINE or len(body) <= threshold():
         return body
     ttl = config.bulk_ttl() if ttl is None else ttl
     handle = local_owner().register(as_memory(body, "message body"), readers=readers, ttl=ttl)

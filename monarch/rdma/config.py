@@ -8,7 +8,8 @@ between transfers. A bad value raises ``ValueError`` naming the variable.
 ``MONARCH_RDMA_TRANSPORT``     ``auto``   ``auto`` (best that works: ibverbs, same_host,
                                           tcp) or one of them, forced
 ``MONARCH_BULK_THRESHOLD``     262144     message bodies above this many bytes travel
-                                          out of band (always when over max_payload)
+                                          out of band (always when over max_payload;
+                                          never when 1 KiB or less)
 ``MONARCH_BULK_TTL``           600        seconds an out-of-band body waits for readers
 ``MONARCH_BULK_TIMEOUT``       120        seconds a receiver may take to fetch one
 ``MONARCH_RDMA_HOST``          unset      address the bulk server listens on and

@@ -136,3 +136,25 @@ def test_bodies_decode_to_text_without_unpickling():
     assert shown.startswith("{'x': '<pickle ") and "'y': (2,)" in shown
     assert decode_body(b"1712345678.5") == "1712345678.5"  # a heartbeat
     assert decode_body(b"its process exited with code 0") == "'its process exited with code 0'"
+
+
+def test_tail_shows_each_message_inside_a_batch():
+    from monarch.broker import batch
+    from monarch.broker.codec import dumps
+    from monarch.cli.tail import format_msg
+
+    class Raw:
+        subject, reply = "mon.default.act.m.u.0", ""
+
+        def __init__(self, data, headers):
+            self.data, self.headers = data, headers
+
+    items = [({"Mon-Kind": "send", "Mon-Endpoint": "ping"}, dumps(((i,), {}, None))) for i in (1, 2)]
+    lines = format_msg(Raw(batch.pack(items), batch.headers(2))).splitlines()
+    assert lines == [
+        "mon.default.act.m.u.0 Mon-Kind=batch Mon-Count=2",
+        "  > mon.default.act.m.u.0 Mon-Kind=send Mon-Endpoint=ping  ((1,), {}, None)",
+        "  > mon.default.act.m.u.0 Mon-Kind=send Mon-Endpoint=ping  ((2,), {}, None)",
+    ]
+    bad = format_msg(Raw(b"\xc1", batch.headers(3)))
+    assert bad.startswith("mon.default.act.m.u.0 Mon-Kind=batch Mon-Count=3  <batch on")

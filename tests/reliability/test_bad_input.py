@@ -30,6 +30,8 @@ bodies = st.one_of(
     st.just(msgpack.packb([1, 2, 3])),  # wrong shape
     st.just(msgpack.packb(msgpack.ExtType(99, b"x"))),  # unknown extension
     st.just(b""),
+    st.just(msgpack.packb([[{"Mon-Kind": "send", "Mon-Endpoint": "ping"}, GOOD]] * 2)),
+    st.just(msgpack.packb([[{"Mon-Kind": "send"}, b"\xc1"], [1, 2, 3]])),  # batch of junk
 )
 headers = st.one_of(
     st.none(),
@@ -42,6 +44,9 @@ headers = st.one_of(
         }
     ),
     st.fixed_dictionaries({"Mon-Endpoint": st.just("ping"), "Mon-Adhoc": st.just("1")}),
+    st.fixed_dictionaries(
+        {"Mon-Kind": st.just("batch"), "Mon-Count": st.sampled_from(["1", "2", "x"])}
+    ),
 )
 
 

@@ -1,0 +1,93 @@
+"""Fire-and-forget runs to one subject travel as one NATS message, and come back out in order."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import msgpack
+import pytest
+
+from monarch.actor import this_host
+from monarch.broker import batch
+from monarch.broker.config import Settings
+from tests.actors.actors_for_tests import Echo
+
+
+class Raw:
+    def __init__(self, data: bytes, headers: dict, subject: str = "mon.t.act.x") -> None:
+        self.subject, self.data, self.headers, self.reply = subject, data, headers, ""
+
+
+def test_pack_and_unpack_keep_order_headers_and_bytes():
+    items = [({"Mon-Kind": "send", "Mon-Seq": str(i)}, bytes([i]) * i) for i in range(5)]
+    msgs = batch.unpack(Raw(batch.pack(items), batch.headers(5)))
+    assert [(m.headers, m.data, m.reply, m.subject) for m in msgs] == [
+        (h, p, "", "mon.t.act.x") for h, p in items
+    ]
+
+
+@pytest.mark.parametrize(
+    "body, count",
+    [
+        (b"\xc1", "1"),  # not msgpack
+        (msgpack.packb([[{}, b"a"]]), "2"),  # announces more than it holds
+        (msgpack.packb([[{}, b"a", 3]]), "1"),  # not a pair
+        (msgpack.packb([[[], b"a"]]), "1"),  # headers not a map
+        (msgpack.packb([[{}, "text"]]), "1"),  # payload not bytes
+        (msgpack.packb({"a": 1}), "1"),  # not an array
+    ],
+)
+def test_malformed_batches_are_refused_with_a_reason(body, count):
+    with pytest.raises(batch.MalformedBatchError, match="mon.t.act.x"):
+        batch.unpack(Raw(body, {"Mon-Kind": "batch", "Mon-Count": count}))
+
+
+def test_batch_size_is_a_validated_setting():
+    assert Settings().batch_max == 1000
+    with pytest.raises(ValueError):
+        Settings(batch_max=-1)
+
+
+def test_a_burst_of_sends_leaves_in_batches_and_arrives_in_order(nats_url):
+    captured: list = []
+    stop = threading.Event()
+    listening = threading.Event()
+
+    async def listen():
+        import nats
+
+        nc = await nats.connect(nats_url)
+
+        async def on(msg):
+            captured.append(msg.headers or {})
+
+        await nc.subscribe("mon.default.act.batched.>", cb=on)
+        await nc.flush()
+        listening.set()
+        while not stop.is_set():
+            await asyncio.sleep(0.02)
+        await nc.close()
+
+    thread = threading.Thread(target=lambda: asyncio.run(listen()), daemon=True)
+    thread.start()
+    assert listening.wait(30)
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    n = 3000
+    try:
+        echo = procs.spawn("batched", Echo)
+        for i in range(n):
+            echo.record.broadcast("b", i)
+        assert echo.seen_log.call_one().get(timeout=60) == [("b", i) for i in range(n)]
+        time.sleep(0.3)  # let the listener catch up
+    finally:
+        stop.set()
+        thread.join(30)
+        procs.stop().get(timeout=30)
+    sends = [h for h in captured if h.get("Mon-Kind") in ("send", "batch")]
+    batches = [int(h["Mon-Count"]) for h in sends if h["Mon-Kind"] == "batch"]
+    singles = sum(h["Mon-Kind"] == "send" for h in sends)
+    assert sum(batches) + singles == n  # every send went through exactly once
+    assert batches and max(batches) > 1  # and a burst shared NATS messages
+    assert len(sends) < n
