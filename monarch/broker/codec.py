@@ -24,7 +24,6 @@ already in ``sys.modules``; decoding a tensor imports torch at that point.
 from __future__ import annotations
 
 import math
-import mmap
 import struct
 import sys
 import threading
@@ -34,6 +33,7 @@ from typing import Any
 import cloudpickle
 from msgpack import ExtType, Packer, unpackb
 
+from monarch.broker import buffers
 from monarch.broker.config import settings
 
 __all__ = ["CodecError", "DecodeError", "EncodeError", "PicklingForbiddenError"]
@@ -251,8 +251,7 @@ def _assemble_big(parts: list) -> memoryview:
     call, so the copy itself runs near memcpy speed (entry 11 of NOTES).
     """
     views = [memoryview(p).cast("B") for p in parts]
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
-    out = memoryview(mmap.mmap(-1, sum(v.nbytes for v in views), flags=flags))
+    out = buffers.take(sum(v.nbytes for v in views))
     pos = 0
     for v in views:
         out[pos : pos + v.nbytes] = v

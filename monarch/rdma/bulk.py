@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import mmap
 import os
 from typing import Any
 
 from monarch.actors.runtime import current_runtime_or_none
+from monarch.broker import buffers
 from monarch.broker.codec import dumps, loads, register_ext
 from monarch.rdma import config, transfer
 from monarch.rdma.handle import BufferHandle
@@ -58,8 +58,6 @@ register_ext(
 )
 
 
-# Pages mapped up front: one system call instead of a fault per page during the copy.
-_POPULATED = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
 _threshold_cache: tuple[Any, int] = (object(), 0)
 
 
@@ -86,7 +84,10 @@ def offload(body: bytes, *, readers: int | None, ttl: float | None = None) -> by
     if len(body) <= ALWAYS_INLINE or len(body) <= threshold():
         return body
     ttl = config.bulk_ttl() if ttl is None else ttl
-    handle = local_owner().register(as_memory(body, "message body"), readers=readers, ttl=ttl)
+    # Read-only: no peer may write into a body, and a released body's memory is then
+    # free at once (writable memory lingers a few seconds, see monarch.rdma.registry).
+    memory = as_memory(memoryview(body).toreadonly(), "message body")
+    handle = local_owner().register(memory, readers=readers, ttl=ttl)
     return dumps(BulkRef(handle), wire="msgpack")  # the marker is msgpack in every wire mode
 
 
@@ -115,9 +116,7 @@ def fetch(body: bytes, *, timeout: float | None = None) -> bytes | bytearray | m
     # the copy's system calls, where the GIL is released; bytearray(n) would memset 1 GiB
     # holding the GIL (and stall the proc's event loop, heartbeats included).
     data = (
-        memoryview(mmap.mmap(-1, handle.size, flags=_POPULATED))
-        if handle.size >= 1 << 20
-        else bytearray(handle.size)
+        buffers.take(handle.size) if handle.size >= buffers.MIN_POOLED else bytearray(handle.size)
     )
     transfer.read(handle, 0, as_memory(data), deadline)
     try:
