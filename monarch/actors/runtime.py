@@ -383,6 +383,11 @@ def _start_client_runtime() -> None:
     global _runtime
     settings.cache_clear()  # the environment as it is now, when the client starts
     cfg = settings()
+    from monarch.actors.launcher import prestart_zygote
+
+    # Procs fork from it, so their imports are paid once, in the background, while
+    # the broker starts; each fork request carries the proc's environment (URL too).
+    prestart_zygote()
     broker = None
     url = cfg.nats_url
     if not url:
@@ -428,9 +433,6 @@ def _start_client_runtime() -> None:
         _runtime = None
 
     rt._shutdown = shutdown  # type: ignore[attr-defined]
-    from monarch.actors.launcher import prestart_zygote
-
-    prestart_zygote()  # procs fork from it: the imports are paid once, in the background
     atexit.register(shutdown_runtime)
 
 
