@@ -55,7 +55,7 @@ class BusyPoll:
             self.window = 0.0
 
     def on_message(self, msg: Any) -> None:
-        """Every message received or sent: poll if it belongs to a one-to-one call."""
+        """Every message received: poll if it belongs to a one-to-one call (sends poke directly)."""
         headers = msg.headers
         if headers and WAIT_HEADER in headers:
             self.poke()
@@ -69,7 +69,7 @@ class BusyPoll:
             self.loop.call_soon(self._turn)
 
     def _crowded(self) -> bool:
-        """More runnable threads on the machine than cores we may use (we count too)."""
+        """More than three runnable threads per usable core on the machine (we count too)."""
         if self._loadavg is None:
             return True
         try:
