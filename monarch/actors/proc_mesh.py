@@ -66,6 +66,7 @@ class ProcMeshState:
             self.procs = await self.launcher.launch(
                 uids, subject, self.extent, on_exit=self._on_exit
             )
+            self._maybe_ready()  # forked procs may all have said "ready" before launch returned
             timeout = self.rt.settings.spawn_timeout
             done, _ = await asyncio.wait(
                 [self.ready, self.dead], timeout=timeout, return_when=asyncio.FIRST_COMPLETED
@@ -89,7 +90,12 @@ class ProcMeshState:
         if (msg.headers or {}).get(m.KIND) != "ready" or self.ready.done():
             return
         self._ready_count += 1
-        if self._ready_count == len(self.procs) or self._ready_count == self.extent.nelements:
+        self._maybe_ready()
+
+    def _maybe_ready(self) -> None:
+        """Ready once every proc said so, and not before their handles are known:
+        a spawn waiting on ``ready`` looks procs up by rank."""
+        if not self.ready.done() and self.procs and self._ready_count >= len(self.procs):
             self.ready.set_result(None)
 
     def _on_exit(self, handle: ProcHandle, code: int) -> None:

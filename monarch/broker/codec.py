@@ -254,7 +254,7 @@ def _assemble_big(parts: list) -> memoryview:
     out = buffers.take(sum(v.nbytes for v in views))
     pos = 0
     for v in views:
-        out[pos : pos + v.nbytes] = v
+        buffers.copy_into(out, pos, v)
         pos += v.nbytes
     return out
 

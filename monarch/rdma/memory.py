@@ -17,45 +17,13 @@ import ctypes
 import sys
 from typing import Any
 
+from monarch.broker.buffers import buffer_address
+
 _HINT = (
     "pass a 1-D contiguous uint8 view of the bytes: t.view(torch.uint8).flatten() for a "
     "contiguous tensor t (t.contiguous() first if it is not), memoryview(x).cast('B') "
     "for a buffer"
 )
-
-
-class _PyBuffer(ctypes.Structure):
-    """CPython's ``Py_buffer``: the only way to learn the address of read-only memory."""
-
-    _fields_ = [
-        ("buf", ctypes.c_void_p),
-        ("obj", ctypes.c_void_p),
-        ("len", ctypes.c_ssize_t),
-        ("itemsize", ctypes.c_ssize_t),
-        ("readonly", ctypes.c_int),
-        ("ndim", ctypes.c_int),
-        ("format", ctypes.c_char_p),
-        ("shape", ctypes.c_void_p),
-        ("strides", ctypes.c_void_p),
-        ("suboffsets", ctypes.c_void_p),
-        ("internal", ctypes.c_void_p),
-    ]
-
-
-_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
-_get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
-_release_buffer = ctypes.pythonapi.PyBuffer_Release
-_release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
-
-
-def buffer_address(view: memoryview) -> int:
-    """The address of a contiguous memoryview's first byte (read-only ones too)."""
-    pb = _PyBuffer()
-    _get_buffer(view, ctypes.byref(pb), 0)  # PyBUF_SIMPLE: contiguous bytes
-    try:
-        return pb.buf or 0
-    finally:
-        _release_buffer(ctypes.byref(pb))
 
 
 def view_at(addr: int, size: int) -> memoryview:

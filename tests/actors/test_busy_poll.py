@@ -27,16 +27,24 @@ def loop():
 
 
 def test_poll_keeps_the_loop_turning_for_its_window_then_sleeps(loop):
-    poll = BusyPoll(loop, window_us=20_000)
+    poll = BusyPoll(loop, window_us=10_000_000)
+    poll._cores = 1_000  # never crowded here: this test is about the window
     poll.poke()
-    run_loop_for(loop, 0.005)
-    assert poll.running and poll.turns > 10  # still inside its 20 ms window
-    run_loop_for(loop, 0.1)
-    assert not poll.running  # the window passed: the loop sleeps in epoll again
+    run_loop_for(loop, 0.05)
+    assert poll.running and poll.turns > 10  # still inside its 10 s window
+    poll.until = 0.0  # the window has passed
+    run_loop_for(loop, 0.05)
+    assert not poll.running  # the loop sleeps in epoll again
     after = poll.turns
     run_loop_for(loop, 0.02)
     assert poll.turns == after
+    short = BusyPoll(loop, window_us=20_000)
+    short._cores = 1_000
+    short.poke()
+    run_loop_for(loop, 0.5)
+    assert not short.running and short.turns > 0  # a 20 ms window ends by itself
     poll.close()
+    short.close()
 
 
 def test_only_messages_of_one_to_one_calls_start_polling(loop):

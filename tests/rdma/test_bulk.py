@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 
 import pytest
@@ -99,16 +98,7 @@ def test_threshold_is_configurable(owners, monkeypatch):
     assert (numel, total) == (5000, checksum(t))
 
 
-def _too_busy() -> bool:
-    # The codec copies 1 GiB into and out of the message body holding the GIL (~0.6 s each
-    # on a quiet 2-core box, ~3 s at load average 8): the runtime loops, and with them the
-    # heartbeats, stall past MONARCH_HEARTBEAT_TIMEOUT (3 s), and supervision reports live
-    # procs as dead. Until those copies release the GIL, do not run this on a swamped machine.
-    return os.getloadavg()[0] > 2 * (os.cpu_count() or 1)
-
-
 @pytest.mark.timeout(240)
-@pytest.mark.skipif(_too_busy(), reason="machine too busy: 1 GiB codec copies hold the GIL")
 def test_one_gib_tensor_argument(owners):
     n = 1 << 30
     try:
