@@ -34,9 +34,7 @@ Handler = Callable[[Msg], None]
 class _DirectQueue:
     """Quacks like the ``asyncio.Queue`` nats-py expects; delivers inline."""
 
-    def __init__(
-        self, sub: Subscription, handler: Handler, on_message: Handler | None
-    ) -> None:
+    def __init__(self, sub: Subscription, handler: Handler, on_message: Handler | None) -> None:
         self._sub = sub
         self._handler = handler
         self._on_message = on_message
@@ -70,6 +68,26 @@ class _DirectQueue:
         return None
 
 
+def use_plain_header_parser() -> None:
+    """Make nats-py parse headers into plain strings, as everything here expects.
+
+    When the optional ``fast_mail_parser`` package is installed, nats-py parses
+    headers with it and every header value becomes a *list* of strings
+    (``{'Mon-Kind': ['call']}``), which no comparison here would match; it is
+    also slower than nats-py's own parser (3.2 vs 2.3 us for our three-header
+    replies, NOTES 17). So it is switched off for this process, once, with a
+    warning that says why.
+    """
+    import nats.aio.client as nats_client
+
+    if getattr(nats_client, "parse_email", None) is not None:
+        log.warning(
+            "fast_mail_parser is installed: nats-py would hand header values over as lists; "
+            "monarch makes nats-py use its own header parser in this process"
+        )
+        nats_client.parse_email = None
+
+
 async def subscribe_ordered(
     nc: Client, subject: str, handler: Handler, on_message: Handler | None = None
 ) -> Subscription:
@@ -81,6 +99,7 @@ async def subscribe_ordered(
     mailbox and returns. Exceptions it raises are logged and the message is
     dropped; they never reach nats-py.
     """
+    use_plain_header_parser()
     sub = await nc.subscribe(subject)
     for attr in ("_pending_queue", "_pending_size", "_pending_bytes_limit"):
         if not hasattr(sub, attr):

@@ -91,3 +91,19 @@ def test_a_burst_of_sends_leaves_in_batches_and_arrives_in_order(nats_url):
     assert sum(batches) + singles == n  # every send went through exactly once
     assert batches and max(batches) > 1  # and a burst shared NATS messages
     assert len(sends) < n
+
+
+def test_headers_stay_strings_even_with_fast_mail_parser_installed(monkeypatch, caplog):
+    import nats.aio.client as nats_client
+
+    from monarch.broker.intake import use_plain_header_parser
+
+    # What nats-py does with fast_mail_parser present: values become lists.
+    monkeypatch.setattr(nats_client, "parse_email", lambda raw: None)
+    use_plain_header_parser()
+    assert nats_client.parse_email is None
+    assert "fast_mail_parser" in caplog.text
+    parsed = asyncio.run(
+        nats_client.Client()._process_headers(b"NATS/1.0\r\nMon-Kind: send\r\n\r\n")
+    )
+    assert parsed == {"Mon-Kind": "send"}
