@@ -205,14 +205,14 @@ class Runtime:
         (small, no reply) may leave together with the ones next to them that
         go to the same subject, as one batch (:mod:`monarch.broker.batch`).
         """
-        if headers and WAIT_HEADER in headers:
-            self.busy_poll.poke()
         if subject.startswith(self._own_port_prefix):
             self._on_port(LocalMsg(subject, payload, reply, headers))
             return
         if subject == self._own_ctl:
             self._on_ctl(LocalMsg(subject, payload, reply, headers))
             return
+        if headers and WAIT_HEADER in headers:  # its answer comes over the network, soon
+            self.busy_poll.poke()
         if (
             batchable
             and self._batch_max
