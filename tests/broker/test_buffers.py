@@ -77,3 +77,18 @@ def test_big_arguments_reuse_buffers_on_both_sides_and_arrive_intact(nats_url):
         assert summer.reused.call_one().get(timeout=30) >= 2  # the receiver's fetches
     finally:
         procs.stop().get(timeout=30)
+
+
+def test_copy_into_copies_big_and_small_parts_and_refuses_a_read_only_target():
+    big = bytes(range(256)) * (8 * 4096)  # 8 MiB: copied without the GIL
+    small = b"head"
+    out = buffers.new_mapping(len(small) + len(big))
+    view = memoryview(out)
+    buffers.copy_into(view, 0, memoryview(small))
+    buffers.copy_into(view, len(small), memoryview(big))
+    assert view[:4] == small and view[4:] == big
+    with pytest.raises(ValueError, match="writable"):
+        buffers.copy_into(memoryview(bytes(len(big))), 0, memoryview(big))
+    with pytest.raises(ValueError, match="room"):
+        buffers.copy_into(view, 8, memoryview(big))
+    view.release()
