@@ -8,8 +8,11 @@ in-process client runtime (and every proc it starts) at it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -127,3 +130,42 @@ def root_faults(monkeypatch):
     yield recorder
     if not recorder.expected:
         assert recorder.failures == [], f"unexpected unhandled failures: {recorder.failures}"
+
+
+@contextlib.contextmanager
+def captured_traffic(url: str, subject: str = "mon.default.>"):
+    """Collect ``(subject, headers, data)`` of every message on ``subject`` while inside.
+
+    A raw nats-py subscriber on a thread of its own, the way a person watching
+    with ``nats sub`` would see the traffic; subscribed before the block runs,
+    and given a moment after it to receive the last messages.
+    """
+    captured: list = []
+    stop = threading.Event()
+    listening = threading.Event()
+
+    async def listen():
+        import nats
+
+        nc = await nats.connect(url)
+
+        async def on(msg):
+            captured.append((msg.subject, msg.headers or {}, msg.data))
+
+        await nc.subscribe(subject, cb=on)
+        await nc.flush()
+        listening.set()
+        while not stop.is_set():
+            await asyncio.sleep(0.02)
+        await nc.flush()
+        await nc.close()
+
+    thread = threading.Thread(target=lambda: asyncio.run(listen()), daemon=True)
+    thread.start()
+    assert listening.wait(30), "the traffic listener did not subscribe"
+    try:
+        yield captured
+    finally:
+        time.sleep(0.3)
+        stop.set()
+        thread.join(30)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 
 import pytest
 
@@ -13,6 +11,7 @@ from monarch.actors.busy_poll import WAIT_HEADER, BusyPoll
 from monarch.actors.runtime import LocalMsg
 from monarch.broker.config import Settings
 from tests.actors.actors_for_tests import Echo
+from tests.conftest import captured_traffic
 
 
 def run_loop_for(loop: asyncio.AbstractEventLoop, seconds: float) -> None:
@@ -78,40 +77,16 @@ def test_setting_is_validated():
 
 
 def test_call_one_and_its_reply_carry_the_wait_header_a_mesh_call_does_not(nats_url):
-    captured: list = []
-    stop = threading.Event()
-    listening = threading.Event()
-
-    async def listen():
-        import nats
-
-        nc = await nats.connect(nats_url)
-
-        async def on(msg):
-            captured.append((msg.subject, msg.headers or {}))
-
-        await nc.subscribe("mon.default.>", cb=on)
-        await nc.flush()
-        listening.set()
-        while not stop.is_set():
-            await asyncio.sleep(0.02)
-        await nc.close()
-
-    thread = threading.Thread(target=lambda: asyncio.run(listen()), daemon=True)
-    thread.start()
-    assert listening.wait(30)
     procs = this_host().spawn_procs(per_host={"gpus": 2})
     try:
-        mesh = procs.spawn("waitecho", Echo)
-        assert mesh.ping.call(1).get(timeout=30).item(gpus=1) == 1
-        assert mesh.slice(gpus=1).ping.call_one(2).get(timeout=30) == 2
-        time.sleep(0.3)  # let the listener see the last reply
+        with captured_traffic(nats_url) as captured:
+            mesh = procs.spawn("waitecho", Echo)
+            assert mesh.ping.call(1).get(timeout=30).item(gpus=1) == 1
+            assert mesh.slice(gpus=1).ping.call_one(2).get(timeout=30) == 2
     finally:
-        stop.set()
-        thread.join(30)
         procs.stop().get(timeout=30)
-    calls = [h for s, h in captured if ".act.waitecho." in s and h.get("Mon-Endpoint") == "ping"]
-    replies = [h for s, h in captured if ".port." in s and h.get("Mon-Kind") == "reply"]
+    calls = [h for s, h, _ in captured if ".act.waitecho." in s and h.get("Mon-Endpoint") == "ping"]
+    replies = [h for s, h, _ in captured if ".port." in s and h.get("Mon-Kind") == "reply"]
     # The mesh call is one message to the whole mesh; call_one one to a single actor.
     assert [h.get(WAIT_HEADER) for h in calls] == [None, "one"]
     assert sorted(str(h.get(WAIT_HEADER)) for h in replies) == ["None", "None", "one"]

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 
 import msgpack
 import pytest
@@ -13,6 +11,7 @@ from monarch.actor import this_host
 from monarch.broker import batch
 from monarch.broker.config import Settings
 from tests.actors.actors_for_tests import Echo
+from tests.conftest import captured_traffic
 
 
 class Raw:
@@ -51,41 +50,17 @@ def test_batch_size_is_a_validated_setting():
 
 
 def test_a_burst_of_sends_leaves_in_batches_and_arrives_in_order(nats_url):
-    captured: list = []
-    stop = threading.Event()
-    listening = threading.Event()
-
-    async def listen():
-        import nats
-
-        nc = await nats.connect(nats_url)
-
-        async def on(msg):
-            captured.append(msg.headers or {})
-
-        await nc.subscribe("mon.default.act.batched.>", cb=on)
-        await nc.flush()
-        listening.set()
-        while not stop.is_set():
-            await asyncio.sleep(0.02)
-        await nc.close()
-
-    thread = threading.Thread(target=lambda: asyncio.run(listen()), daemon=True)
-    thread.start()
-    assert listening.wait(30)
     procs = this_host().spawn_procs(per_host={"gpus": 1})
     n = 3000
     try:
-        echo = procs.spawn("batched", Echo)
-        for i in range(n):
-            echo.record.broadcast("b", i)
-        assert echo.seen_log.call_one().get(timeout=60) == [("b", i) for i in range(n)]
-        time.sleep(0.3)  # let the listener catch up
+        with captured_traffic(nats_url, "mon.default.act.batched.>") as captured:
+            echo = procs.spawn("batched", Echo)
+            for i in range(n):
+                echo.record.broadcast("b", i)
+            assert echo.seen_log.call_one().get(timeout=60) == [("b", i) for i in range(n)]
     finally:
-        stop.set()
-        thread.join(30)
         procs.stop().get(timeout=30)
-    sends = [h for h in captured if h.get("Mon-Kind") in ("send", "batch")]
+    sends = [h for _, h, _ in captured if h.get("Mon-Kind") in ("send", "batch")]
     batches = [int(h["Mon-Count"]) for h in sends if h["Mon-Kind"] == "batch"]
     singles = sum(h["Mon-Kind"] == "send" for h in sends)
     assert sum(batches) + singles == n  # every send went through exactly once

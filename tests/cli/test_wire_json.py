@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
 import sys
 import textwrap
-import threading
 
 import numpy as np
 import pytest
@@ -16,6 +14,7 @@ import torch
 
 from monarch.actors.ports import Port
 from monarch.broker.codec import DecodeError, PicklingForbiddenError, dumps, loads
+from tests.conftest import captured_traffic
 from tests.hosts.agents import ROOT
 
 
@@ -114,36 +113,11 @@ def test_a_job_in_json_mode_sends_readable_bodies(nats_url, tmp_path):
             """
         )
     )
-    captured: list = []
-    stop = threading.Event()
-    listening = threading.Event()
-
-    async def listen():
-        import nats
-
-        nc = await nats.connect(nats_url)
-
-        async def on(msg):
-            captured.append((msg.subject, msg.headers or {}, msg.data))
-
-        await nc.subscribe("mon.default.>", cb=on)
-        await nc.flush()
-        listening.set()
-        while not stop.is_set():
-            await asyncio.sleep(0.02)
-        await nc.close()
-
-    thread = threading.Thread(target=lambda: asyncio.run(listen()), daemon=True)
-    thread.start()
-    assert listening.wait(30)
     env = dict(os.environ, PYTHONPATH=str(ROOT), MONARCH_WIRE="json")
-    try:
+    with captured_traffic(nats_url) as captured:
         out = subprocess.run(
             [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
         )
-    finally:
-        stop.set()
-        thread.join(30)
     assert out.returncode == 0, out.stderr
     assert "((1, b'b'), array([1., 1.]))" in out.stdout
     calls = [c for c in captured if ".act.jsonecho." in c[0]]
