@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -24,10 +23,9 @@ import uuid
 
 import nats
 import uvloop
+from _job import own_broker
 
 from monarch.actor import Actor, endpoint, this_host
-from monarch.actors.runtime import shutdown_runtime
-from monarch.broker.server import EmbeddedBroker
 
 TIMEOUT = 60.0  # seconds; any single wait longer than this is a failure, not a slow result
 N_PROCS = 4
@@ -270,10 +268,7 @@ def main() -> None:
 
     # Everything started is stopped in reverse order, even if a step fails or ^C.
     with contextlib.ExitStack() as cleanup:
-        broker = EmbeddedBroker().start()
-        cleanup.callback(broker.stop)
-        os.environ["MONARCH_NATS_URL"] = broker.url  # before monarch's first use: it starts none
-        cleanup.callback(shutdown_runtime)
+        broker = own_broker(cleanup)
         procs = this_host().spawn_procs(per_host={"gpus": N_PROCS})
         cleanup.callback(lambda: procs.stop().get(TIMEOUT))
         mesh = procs.spawn("echo", Echo)

@@ -29,10 +29,10 @@ import sys
 import threading
 import time
 
+from _job import own_broker
+
 import monarch.actor
 from monarch.actor import Actor, Channel, Port, SupervisionError, endpoint, this_host
-from monarch.actors.runtime import shutdown_runtime
-from monarch.broker.server import EmbeddedBroker
 
 TIMEOUT = 30.0  # seconds; any single wait longer than this is a failure, not a slow result
 HB_TIMEOUT, HB_INTERVAL, FAST_TARGET = 1.0, 0.2, 0.2  # seconds; the target is for (a), (b)
@@ -224,10 +224,7 @@ def main() -> None:
 
     # Everything started is stopped in reverse order, even if a step fails or ^C.
     with contextlib.ExitStack() as cleanup:
-        broker = EmbeddedBroker().start()
-        cleanup.callback(broker.stop)
-        os.environ["MONARCH_NATS_URL"] = broker.url
-        cleanup.callback(shutdown_runtime)
+        own_broker(cleanup)
         owner_procs = this_host().spawn_procs(per_host={"gpus": 1})
         cleanup.callback(lambda: owner_procs.stop().get(TIMEOUT))  # its child procs too
         port, recv = Channel.open()

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import socket
 import statistics
 import subprocess
@@ -30,11 +29,10 @@ import sys
 import time
 
 import torch
+from _job import own_broker
 
 import monarch
 from monarch.actor import this_host
-from monarch.actors.runtime import shutdown_runtime
-from monarch.broker.server import EmbeddedBroker
 
 TIMEOUT = 300.0
 N_PROCS = 4
@@ -241,10 +239,7 @@ def main() -> None:
     cfg["bytes"] = numel * 4
 
     with contextlib.ExitStack() as cleanup:
-        broker = EmbeddedBroker().start()
-        cleanup.callback(broker.stop)
-        os.environ["MONARCH_NATS_URL"] = broker.url  # before monarch's first use: it starts none
-        cleanup.callback(shutdown_runtime)
+        own_broker(cleanup)
         procs = this_host().spawn_procs(per_host={"gpus": N_PROCS})
         cleanup.callback(lambda: procs.stop().get(TIMEOUT))
         procs.initialized.get(TIMEOUT)

@@ -235,20 +235,15 @@ def main() -> int:
         ap.error("--seconds and --interval must be positive")
     window = min(WINDOW, seconds / 4)
 
-    from monarch.broker.server import EmbeddedBroker
+    from _job import own_broker
 
     warnings = WarningCounter()
     logging.getLogger().addHandler(warnings)
     extra_errors: collections.Counter[str] = collections.Counter()
     with contextlib.ExitStack() as cleanup:
-        broker = EmbeddedBroker().start()
-        cleanup.callback(broker.stop)
-        os.environ["MONARCH_NATS_URL"] = broker.url  # before monarch's first use
+        broker = own_broker(cleanup)
         import monarch.actor
         from monarch.actor import Actor, endpoint, this_host
-        from monarch.actors.runtime import shutdown_runtime
-
-        cleanup.callback(shutdown_runtime)
 
         def fault(failure) -> None:  # the default hook would exit the process
             extra_errors["unhandled failure"] += 1
