@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import logging
 import os
 import sys
+import threading
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -192,7 +194,41 @@ async def serve(uid: str, ready: str, url: str) -> None:
     await rt.close()
 
 
-def main(argv: list[str] | None = None) -> None:
+def preimport_torch() -> None:
+    """Import torch now if it is installed (and not yet imported).
+
+    Otherwise the first tensor a proc decodes imports it on the event loop:
+    seconds on a busy machine during which the loop serves nothing (heartbeats
+    go on from their own thread, see :mod:`monarch.supervision.liveness`).
+    """
+    if "torch" in sys.modules or importlib.util.find_spec("torch") is None:
+        return
+    try:
+        import torch  # noqa: F401
+    except Exception as e:  # a broken install fails later, where a tensor is used
+        log.warning("torch is installed but does not import: %r", e)
+
+
+def preimport_torch_in_background() -> None:
+    """:func:`preimport_torch` on a thread of its own, which ends when it is done.
+
+    Off the start-up's path: the proc connects and says ready meanwhile (a
+    tensor decoded before the import is done waits for it, as it would have
+    imported torch anyway). Waiting for it would add its seconds of CPU to
+    every spawn.
+    """
+    if "torch" not in sys.modules and importlib.util.find_spec("torch") is not None:
+        threading.Thread(target=preimport_torch, name="monarch-import-torch", daemon=True).start()
+
+
+def main(argv: list[str] | None = None, *, preimport: bool = True) -> None:
+    """Run a proc until it is told to stop.
+
+    ``preimport``: start importing torch (when installed) at once, in the
+    background. The zygote passes False: it imports torch itself once it is
+    idle, so a fork has it already or, forked before that, does not spend its
+    first seconds on it.
+    """
     parser = argparse.ArgumentParser(prog="python -m monarch.actors.proc")
     parser.add_argument("--uid", required=True, help="this proc's unique id (a subject token)")
     parser.add_argument("--ready", required=True, help="subject to report readiness to")
@@ -208,6 +244,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     # The script that defined our actor classes is not our __main__; cloudpickle
     # brings classes by value, so nothing else is needed here.
+    if preimport:
+        preimport_torch_in_background()
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     try:

@@ -18,6 +18,7 @@ the owner lives in the same process. There:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -29,6 +30,7 @@ from monarch.actors.errors import BrokerLostError, SupervisionError
 from monarch.actors.runtime import Runtime
 from monarch.broker import subjects
 from monarch.broker.codec import dumps, loads
+from monarch.broker.connect import connect
 from monarch.supervision.failure import MeshFailure, SupervisionFailure
 from monarch.supervision.liveness import Heartbeater, Watcher, announce_dead
 from monarch.supervision.streams import ensure_streams
@@ -61,7 +63,13 @@ class Supervisor:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         cfg = rt.settings
-        self.heartbeater = Heartbeater(rt.nc, rt.namespace, rt.proc_uid, cfg.heartbeat_interval)
+        # Off the loop, on a connection of its own: a busy loop is not a dead process.
+        own_connection = functools.partial(
+            connect, rt.nats_url, cfg, name=f"monarch-{rt.proc_uid}-heartbeat"
+        )
+        self.heartbeater = Heartbeater(
+            rt.namespace, rt.proc_uid, cfg.heartbeat_interval, own_connection
+        )
         self.watcher = Watcher(rt.nc, rt.namespace, cfg.heartbeat_timeout, rt.subscribe_mesh)
         self._reported: set[tuple[str, int]] = set()
         self._sub: Any = None

@@ -126,7 +126,11 @@ class HostAgent:
         # Only once the server has our subscription may clients find us.
         await self.nc.flush()
         await self._register()
-        self.heartbeater = Heartbeater(self.nc, self.ns, self.uid, self.cfg.heartbeat_interval)
+        # Off the loop, on a connection of its own (see monarch.supervision.liveness).
+        own_connection = functools.partial(connect, self.url, f"monarch-host-{self.uid}-heartbeat")
+        self.heartbeater = Heartbeater(
+            self.ns, self.uid, self.cfg.heartbeat_interval, own_connection
+        )
         self.heartbeater.start()
 
     async def _register(self) -> None:

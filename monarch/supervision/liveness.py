@@ -6,14 +6,28 @@ heartbeat stream keeps the latest per subject. A :class:`Watcher` subscribes to
 the heartbeats of the processes it cares about and calls back when one is
 silent for ``MONARCH_HEARTBEAT_TIMEOUT`` or announces its own end (a ``dead``
 heartbeat, published by whoever reaped the process).
+
+Liveness does not depend on what the event loop is busy with. Heartbeats go
+out from a thread of their own, on a broker connection of their own (nats-py's
+client is not thread-safe), so an async endpoint that blocks the loop, or the
+first tensor a proc decodes importing torch, does not silence them. Each
+heartbeat says for how long the process's event loop has not turned
+(``Mon-Loop-Stall``, seconds; a cheap callback on the loop stamps the time it
+last ran). A watcher that hears of a loop stalled for longer than the timeout
+reports a *stalled loop* (a warning naming the process, and its
+``stall_listeners``), not a dead process. Only silence (the process is gone,
+frozen by SIGSTOP, or cut off from the broker) or a ``dead`` heartbeat makes a
+process dead. The one thing the thread still shares with the loop is the GIL:
+a C call that holds it for longer than the timeout would silence it too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nats.aio.client import Client
@@ -23,38 +37,139 @@ from monarch.broker import subjects
 log = logging.getLogger(__name__)
 
 KIND = "Mon-Kind"
+STALL = "Mon-Loop-Stall"  # seconds the sender's event loop has not turned (0.000: it turns)
+
+
+class LoopClock:
+    """When an event loop last turned, readable from any thread.
+
+    A callback on the loop stamps the time every ``period`` seconds; a loop
+    busy with something else (a blocking call, a long import) does not run it.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, period: float) -> None:
+        self.loop = loop
+        self.period = period
+        self.last = time.monotonic()
+        self._handle: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        """Start stamping (on the loop's thread)."""
+        self._tick()
+
+    def _tick(self) -> None:
+        self.last = time.monotonic()
+        self._handle = self.loop.call_later(self.period, self._tick)
+
+    def stalled_for(self) -> float:
+        """Seconds the loop is overdue: 0 while it turns at least every ``period``."""
+        return max(0.0, time.monotonic() - self.last - self.period)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 class Heartbeater:
-    """Publishes this process's heartbeat until stopped."""
+    """Publishes this process's heartbeat from a thread of its own until stopped.
 
-    def __init__(self, nc: Client, namespace: str, uid: str, interval: float) -> None:
-        self.nc = nc
+    ``connect`` makes the thread's own broker connection; it is called on the
+    thread's private event loop (and again after a failed attempt, every
+    interval). Give it the same connect function as the process's main
+    connection, so both get the same credentials and message treatment.
+    :meth:`start` is called on the event loop whose progress the heartbeats
+    report.
+    """
+
+    def __init__(
+        self,
+        namespace: str,
+        uid: str,
+        interval: float,
+        connect: Callable[[], Awaitable[Client]],
+    ) -> None:
         self.subject = subjects.heartbeat(namespace, uid)
+        self.uid = uid
         self.interval = interval
+        self._connect = connect
+        self.clock: LoopClock | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._beat())
+        self.clock = LoopClock(asyncio.get_running_loop(), min(0.25, self.interval))
+        self.clock.start()
+        self._thread = threading.Thread(
+            target=self._run, name=f"monarch-heartbeat-{self.uid}", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        task = loop.create_task(self._beat())
+        with self._lock:
+            self._loop, self._task = loop, task
+            if self._stopping:
+                task.cancel()
+        try:
+            loop.run_until_complete(task)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            loop.close()
 
     async def _beat(self) -> None:
-        n = 0
-        while True:
-            n += 1
-            try:
-                await self.nc.publish(
-                    self.subject,
-                    str(time.time()).encode(),
-                    headers={KIND: "alive", "Mon-Seq": str(n)},
-                )
-            except Exception as e:
-                log.debug("heartbeat not sent: %r", e)
-            await asyncio.sleep(self.interval)
+        nc: Client | None = None
+        n = failures = 0
+        try:
+            while True:
+                if nc is None:
+                    try:
+                        nc = await self._connect()
+                    except Exception as e:
+                        failures += 1
+                        level = logging.WARNING if failures == 1 else logging.DEBUG
+                        log.log(
+                            level, "heartbeat connection of %s failed (retrying): %s", self.uid, e
+                        )
+                if nc is not None:
+                    n += 1
+                    headers = {KIND: "alive", "Mon-Seq": str(n)}
+                    if self.clock is not None:
+                        headers[STALL] = f"{self.clock.stalled_for():.3f}"
+                    try:
+                        await nc.publish(self.subject, str(time.time()).encode(), headers=headers)
+                    except Exception as e:
+                        log.debug("heartbeat not sent: %r", e)
+                await asyncio.sleep(self.interval)
+        finally:
+            if nc is not None:
+                try:
+                    await asyncio.wait_for(nc.close(), 2.0)
+                except BaseException:
+                    pass
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
+        """Stop beating and wait (bounded) for the thread to end."""
+        if self.clock is not None:
+            self.clock.stop()
+        with self._lock:
+            self._stopping = True
+            loop, task = self._loop, self._task
+        if loop is not None and task is not None:
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # its loop has already ended
+                pass
+        thread, self._thread = self._thread, None
+        deadline = time.monotonic() + 5.0
+        # Polled rather than joined in an executor: this also runs at interpreter exit.
+        while thread is not None and thread.is_alive() and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
 
 
 async def announce_dead(nc: Client, namespace: str, uid: str, reason: str) -> None:
@@ -62,11 +177,22 @@ async def announce_dead(nc: Client, namespace: str, uid: str, reason: str) -> No
     await nc.publish(subjects.heartbeat(namespace, uid), reason.encode(), headers={KIND: "dead"})
 
 
+def _stall_of(headers: dict) -> float:
+    try:
+        return float(headers.get(STALL) or 0.0)
+    except ValueError:
+        return 0.0
+
+
 class Watcher:
     """Calls ``on_dead(uid, reason)`` once for each watched uid that dies or goes silent.
 
     A uid that has not beaten yet gets ``grace`` seconds from when watching
-    started (a proc that is still starting is not dead).
+    started (a proc that is still starting is not dead). A uid whose
+    heartbeats say its event loop has not turned for longer than ``timeout``
+    is *stalled*, not dead: it is logged as a warning, kept in :attr:`stalls`
+    (uid -> seconds, while it lasts) and each of :attr:`stall_listeners` is
+    called once per stall with ``(uid, seconds)``, on this watcher's loop.
     """
 
     def __init__(
@@ -88,6 +214,8 @@ class Watcher:
         self._dead: set[str] = set()
         self._task: asyncio.Task | None = None
         self._paused = False
+        self.stalls: dict[str, float] = {}
+        self.stall_listeners: list[Callable[[str, float], None]] = []
 
     async def watch(self, uid: str, on_dead: Callable[[str, str], None]) -> None:
         if uid in self._dead:
@@ -105,18 +233,60 @@ class Watcher:
             self._task = asyncio.get_running_loop().create_task(self._check())
 
     def _on_beat(self, uid: str, msg: Any) -> None:
-        if (msg.headers or {}).get(KIND) == "dead":
+        if uid in self._dead:
+            return
+        headers = msg.headers or {}
+        if headers.get(KIND) == "dead":
             self._declare(uid, msg.data.decode(errors="replace") or "its process exited")
             return
         self._last[uid] = time.monotonic()
+        stall = _stall_of(headers)
+        if stall > self.timeout:
+            self._stalled(uid, stall)
+        elif uid in self.stalls:
+            log.warning(
+                "process %s: its event loop turns again (stalled for %.1f s or more)",
+                uid,
+                self.stalls.pop(uid),
+            )
+
+    def _stalled(self, uid: str, seconds: float) -> None:
+        first = uid not in self.stalls
+        self.stalls[uid] = seconds
+        if not first:
+            return
+        log.warning(
+            "process %s: its event loop has not turned for %.1f s (more than "
+            "MONARCH_HEARTBEAT_TIMEOUT=%g s), but its heartbeats still arrive: it is alive "
+            "and busy, not dead. Messages to it wait until the loop turns again. Something "
+            "blocks that loop: an async endpoint calling time.sleep or doing long CPU work "
+            "(make it a plain `def` endpoint, or use asyncio.to_thread), or a slow import "
+            "(torch, the first time a tensor arrives).",
+            uid,
+            seconds,
+            self.timeout,
+        )
+        for cb in list(self.stall_listeners):
+            try:
+                cb(uid, seconds)
+            except Exception:
+                log.exception("stall listener for %s failed", uid)
 
     async def _check(self) -> None:
         period = min(0.1, self.timeout / 4)
+        turned = time.monotonic()
         while True:
             await asyncio.sleep(period)
+            now = time.monotonic()
+            # Our own loop may have been stalled: the heartbeats of that time wait unread
+            # in our socket, so it is our silence, not theirs. Do not count it.
+            late = now - turned - period
+            turned = now
+            if late > period:
+                for uid in self._last:
+                    self._last[uid] += late
             if self._paused:
                 continue
-            now = time.monotonic()
             for uid, last in list(self._last.items()):
                 if now - last > self.timeout:
                     self._declare(uid, f"no heartbeat for {self.timeout:.1f} s")
@@ -126,6 +296,7 @@ class Watcher:
             return
         self._dead.add(uid)
         self._last.pop(uid, None)
+        self.stalls.pop(uid, None)
         for cb in self._callbacks.pop(uid, []):
             try:
                 cb(uid, reason)

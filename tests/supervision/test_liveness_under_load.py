@@ -1,0 +1,217 @@
+"""Liveness does not depend on what a proc's event loop is busy with.
+
+Each scenario runs as a client script of its own, so that it can have its own
+MONARCH_HEARTBEAT_TIMEOUT (the session's client keeps the default), against
+the session's broker, while CPU load that the test makes itself (busy-loop
+processes, bounded in time and killed at the end) competes for the machine.
+A script that ends with status 0 and prints its result had no proc declared
+dead: an unhandled failure runs the default fault hook, which exits 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from monarch.broker import subjects
+from monarch.broker.config import settings
+from monarch.broker.connect import connect
+from monarch.broker.intake import subscribe_ordered
+from monarch.supervision.liveness import STALL, Watcher
+from tests.conftest import descendants, pid_alive, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def cpu_load(processes: int | None = None, seconds: float = 60.0):
+    """``processes`` busy loops (default: one more than there are cores, at most 8),
+    each ending by itself after ``seconds``; killed on exit."""
+    if processes is None:
+        processes = min(8, (os.cpu_count() or 2) + 1)
+    code = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n pass"
+    hogs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+        for hog in hogs:
+            hog.wait(timeout=10)
+
+
+def run_client(tmp_path: Path, body: str, timeout: float = 90.0, **env: str):
+    """Run ``body`` as a client script; its return code, stdout and stderr."""
+    script = tmp_path / "client.py"
+    script.write_text(textwrap.dedent(body))
+    full_env = dict(os.environ, PYTHONPATH=str(ROOT), MONARCH_HEARTBEAT_INTERVAL="0.2", **env)
+    p = subprocess.Popen(
+        [sys.executable, str(script)],
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        left = sorted(descendants(p.pid))
+        p.kill()
+        for pid in left:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        out, err = p.communicate(timeout=10)
+        raise AssertionError(
+            f"client script did not finish in {timeout} s:\n{out}\n{err}"
+        ) from None
+    return p.returncode, out, err
+
+
+def test_tensor_argument_to_init_of_a_4_proc_mesh_under_load_kills_no_proc(tmp_path, nats_url):
+    """The issue's case: four fresh procs decode a tensor at once on a loaded machine.
+
+    Forked before their zygote had time to import torch, each imports it while
+    decoding its ``__init__`` argument: seconds of CPU on its event loop, which
+    used to silence its heartbeats past the (default, 3 s) timeout.
+    """
+    body = """
+        import torch
+        from monarch.actor import Actor, endpoint, this_host
+
+        class Holder(Actor):
+            def __init__(self, t):
+                self.t = t
+
+            @endpoint
+            def total(self) -> float:
+                return float(self.t.sum()) + 1.0
+
+        procs = this_host().spawn_procs(per_host={"gpus": 4})
+        holders = procs.spawn("holder", Holder, torch.zeros(10))
+        print(sorted(holders.total.call().get(timeout=120).values()), flush=True)
+        procs.stop().get(timeout=60)
+    """
+    with cpu_load():
+        rc, out, err = run_client(tmp_path, body, MONARCH_HEARTBEAT_TIMEOUT="3")
+    assert rc == 0, f"the job died:\n{out}\n{err}"
+    assert out.strip() == "[1.0, 1.0, 1.0, 1.0]"
+    assert "Unhandled monarch failure" not in err
+
+
+def test_blocked_event_loop_is_reported_as_stalled_not_dead(tmp_path, nats_url):
+    """An async endpoint that blocks its proc's loop for 2.5 timeouts: the call
+    completes, the proc lives on (and did not declare its owner dead either),
+    and the owner's watcher reported a stalled loop for that proc."""
+    body = """
+        import json
+        import time
+        from monarch.actor import Actor, context, endpoint, this_host
+        from monarch.actors.runtime import runtime
+        from monarch.actors.supervisor import supervisor_of
+
+        class Blocker(Actor):
+            @endpoint
+            async def block(self, seconds: float) -> str:
+                time.sleep(seconds)  # blocks the proc's event loop, on purpose
+                return "done"
+
+            @endpoint
+            def where(self) -> str:
+                return context().actor_instance.proc_uid
+
+        watcher = supervisor_of(runtime()).watcher
+        stalls = []
+        watcher.stall_listeners.append(lambda uid, seconds: stalls.append([uid, seconds]))
+        procs = this_host().spawn_procs(per_host={"gpus": 1})
+        blocker = procs.spawn("blocker", Blocker)
+        uid = blocker.where.call_one().get(timeout=60)
+        result = blocker.block.call_one(2.5 * watcher.timeout).get(timeout=60)
+        deadline = time.monotonic() + 10
+        while uid in watcher.stalls and time.monotonic() < deadline:
+            time.sleep(0.05)
+        after = blocker.where.call_one().get(timeout=60)  # alive and serving
+        print(json.dumps({
+            "uid": uid, "result": result, "after": after, "stalls": stalls,
+            "still_stalled": uid in watcher.stalls, "dead": watcher.is_dead(uid),
+            "timeout": watcher.timeout,
+        }), flush=True)
+        procs.stop().get(timeout=60)
+    """
+    with cpu_load(2):
+        rc, out, err = run_client(tmp_path, body, MONARCH_HEARTBEAT_TIMEOUT="1")
+    assert rc == 0, f"the job died:\n{out}\n{err}"
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["timeout"] == 1.0
+    assert report["result"] == "done" and report["after"] == report["uid"]
+    assert not report["dead"]
+    assert [uid for uid, _ in report["stalls"]] == [report["uid"]]
+    assert report["stalls"][0][1] > report["timeout"]
+    assert not report["still_stalled"]  # it turns again, and the watcher noticed
+
+
+def test_watcher_reports_a_stall_once_and_still_declares_silence_dead(nats_url):
+    """Heartbeats saying "my loop is stuck" keep a process alive (one stall report);
+    once they stop, it is declared dead as before: a stall never hides a death."""
+
+    async def scenario():
+        nc = await connect(nats_url, settings(), name="test-stall-watcher")
+        try:
+            watcher = Watcher(nc, "default", 1.0, functools.partial(subscribe_ordered, nc))
+            stalls: list = []
+            deaths: list = []
+            watcher.stall_listeners.append(lambda uid, seconds: stalls.append((uid, seconds)))
+            uid = f"stuck-{secrets.token_hex(4)}"
+            await watcher.watch(uid, lambda _, why: deaths.append(why))
+            for i in range(20):  # 2 s (two timeouts) of "alive, loop stalled 2.0 s, 2.1 s, ..."
+                headers = {"Mon-Kind": "alive", STALL: f"{2.0 + i / 10:.1f}"}
+                await nc.publish(subjects.heartbeat("default", uid), b"", headers=headers)
+                await asyncio.sleep(0.1)
+            await nc.flush()
+            await asyncio.sleep(0.05)
+            assert deaths == [] and stalls == [(uid, 2.0)]
+            assert watcher.stalls[uid] > 2.0  # kept up to date while it lasts
+            for _ in range(200):  # silence now: bounded wait for the verdict
+                if deaths:
+                    break
+                await asyncio.sleep(0.05)
+            assert deaths and "no heartbeat" in deaths[0]
+            assert uid not in watcher.stalls and watcher.is_dead(uid)
+            await watcher.stop()
+        finally:
+            await nc.close()
+
+    asyncio.run(scenario())
+
+
+def test_procs_forked_once_the_zygote_is_idle_have_torch_already(nats_url):
+    """The zygote imports torch while nobody waits for a fork: later procs decode
+    their first tensor without importing anything on their event loop."""
+    pytest.importorskip("torch")
+    from monarch.actor import this_host
+    from monarch.actors import launcher
+    from tests.actors.actors_for_tests import Echo
+
+    zygote = launcher._the_zygote
+    assert zygote is not None and zygote.popen.poll() is None
+
+    def zygote_has_torch() -> bool:
+        with open(f"/proc/{zygote.popen.pid}/maps") as f:
+            return "libtorch" in f.read()
+
+    assert wait_until(zygote_has_torch, timeout=60)
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        assert "torch" in procs.spawn("mods", Echo).modules.call_one().get(timeout=30)
+    finally:
+        procs.stop().get(timeout=60)
