@@ -10,9 +10,12 @@ caller's proc and are gathered by a :class:`Gather`.
 
 from __future__ import annotations
 
+import collections
 import itertools
+import logging
 import random
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from monarch.actors import messages as m
@@ -192,7 +195,26 @@ class MeshState:
 
 
 class Gather:
-    """Collects the replies to one call on a port of the caller's proc (loop only)."""
+    """Collects the replies to one call on a port of the caller's proc (loop only).
+
+    It takes at most one reply per expected rank, and only from the actor the
+    call went to for that rank (its ``Mon-From`` is that actor's id). Anything
+    else that reaches the port (a second reply for a rank, a rank that was not
+    asked, a reply from someone else, one without a rank) is dropped, counted
+    in :attr:`dropped` (process-wide, by reason) and logged (a warning at most
+    every 10 s per reason, debug otherwise and for duplicates, which can be
+    innocent). An endpoint that answers through an explicit response port may
+    hand that port on, so there (and for ad hoc endpoints, whose kind is not
+    known here) only the rank is checked. On an open broker a forger can still
+    copy the right ``Mon-From``; a job key (:mod:`monarch.broker.auth`) stops
+    that.
+    """
+
+    dropped: collections.Counter[str] = collections.Counter()
+    """Replies dropped by any gather of this process: ``duplicate``, ``unexpected_rank``,
+    ``wrong_sender``, ``no_rank``."""
+    _last_warning: dict[str, float] = {}
+    _log = logging.getLogger(__name__)
 
     def __init__(
         self,
@@ -205,6 +227,7 @@ class Gather:
         self.state = state
         self.view = view
         self.expected = expected
+        self._expected = set(expected)
         self.mode = mode  # "mesh" | "one" | "choose" | "stream"
         self.endpoint = endpoint
         self.values: dict[int, Any] = {}
@@ -213,6 +236,10 @@ class Gather:
         n = len(expected)
         self.futures = [Future() for _ in range(n if mode == "stream" else 1)]
         self._arrived = 0
+        prop = state.endpoints.get(endpoint)
+        self._check_sender = (
+            prop is not None and not prop.explicit_response_port
+        ) or endpoint == FLOW_ENDPOINT
 
     def open(self) -> None:
         self.port_id, self.subject = self.state.rt.open_port(self.on_msg)
@@ -244,8 +271,16 @@ class Gather:
         try:
             rank = int(headers[m.RANK])
         except (KeyError, ValueError):
+            self._drop("no_rank", msg)
             return
-        if rank in self.values or rank not in self.expected:
+        if rank not in self._expected:
+            self._drop("unexpected_rank", msg)
+            return
+        if rank in self.values:
+            self._drop("duplicate", msg)
+            return
+        if self._check_sender and headers.get(m.FROM) != self.state.actor_id(rank):
+            self._drop("wrong_sender", msg)
             return
         if headers.get(m.KIND) != "error" and is_reference(msg.data):
             # A big reply is a reference to bytes kept by the replier: fetch them
@@ -264,8 +299,30 @@ class Gather:
             int((msg.headers or {})[m.RANK]), LocalMsg(msg.subject, data, msg.reply, msg.headers)
         )
 
+    def _drop(self, reason: str, msg: Msg) -> None:
+        Gather.dropped[reason] += 1
+        headers = msg.headers or {}
+        now = time.monotonic()
+        level = logging.DEBUG
+        # A duplicate can be innocent (a reply sent again for a caller that asked twice).
+        if reason != "duplicate" and now - Gather._last_warning.get(reason, -1e9) >= 10.0:
+            Gather._last_warning[reason] = now
+            level = logging.WARNING
+        self._log.log(
+            level,
+            "dropped a reply to a call of %s.%s (%s: Mon-Rank %r, Mon-From %r; %d so far): "
+            "a reply must come once from the actor the call went to",
+            self.state.name,
+            self.endpoint,
+            reason.replace("_", " "),
+            headers.get(m.RANK),
+            headers.get(m.FROM),
+            Gather.dropped[reason],
+        )
+
     def _take(self, rank: int, msg: Msg) -> None:
-        if rank in self.values:
+        if rank in self.values:  # two big replies for one rank, both fetched
+            self._drop("duplicate", msg)
             return
         try:
             ok, value = m.decode_reply(msg)

@@ -38,6 +38,20 @@ class Settings(BaseModel):
     nats_tls_ca: str | None = Field(None, description="CA bundle that signed the broker's cert.")
     nats_tls_cert: str | None = Field(None, description="Client certificate for mutual TLS.")
     nats_tls_key: str | None = Field(None, description="Key of MONARCH_NATS_TLS_CERT.")
+    nats_job_key: str | None = Field(
+        None,
+        min_length=16,
+        description="The job's message authentication key (HMAC-SHA256; every process of "
+        "the job needs the same one). Set: every message is signed and unsigned ones dropped.",
+    )
+    auth: bool = Field(
+        False,
+        description="Sign the job's messages with a key the client makes and hands to the "
+        "procs it starts (as MONARCH_NATS_JOB_KEY, in their environment).",
+    )
+    open_broker_ok: bool = Field(
+        False, description="Do not warn that the broker admits clients without credentials."
+    )
     flow_timeout: float = Field(
         60.0, gt=0, description="Seconds a sender may be held back by a slow mesh before it errs."
     )

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import nats
 from nats.aio.client import Client
 
+from monarch.broker.auth import secure
 from monarch.broker.config import Settings
 
 
@@ -95,7 +96,11 @@ async def connect(
     disconnected_cb: Callable[[], Awaitable[None]] | None = None,
     reconnected_cb: Callable[[], Awaitable[None]] | None = None,
 ) -> Client:
-    """Connect once (no retry loop at start: a wrong URL or password fails fast)."""
+    """Connect once (no retry loop at start: a wrong URL or password fails fast).
+
+    The connection signs what it publishes when the job has a key, and an open
+    broker is warned about once (:func:`monarch.broker.auth.secure`).
+    """
     errors: list[Exception] = []
     options = connect_options(cfg)  # a bad credentials file fails here, before any I/O
 
@@ -138,4 +143,5 @@ async def connect(
             f"cannot connect to the broker at {redact(url)}: {causes} ({hint})"
         ) from e
     nc.options["max_reconnect_attempts"] = -1
+    secure(nc, cfg)
     return nc

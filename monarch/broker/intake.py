@@ -13,6 +13,11 @@ calls the handler at once. This is the one place the runtime touches nats-py
 internals (``Subscription._pending_queue``, ``_pending_size``,
 ``_pending_bytes_limit``); :func:`subscribe_ordered` checks they exist so an
 incompatible nats-py fails loudly at start-up rather than reordering quietly.
+
+It is also where a job with a key (:mod:`monarch.broker.auth`) checks what
+comes in: a message without a valid ``Mon-Auth`` tag is dropped (and counted)
+before anything else sees it, whether it is a call, a reply, a heartbeat, a
+supervision event or a control message.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from monarch.broker import batch
+from monarch.broker.auth import MessageAuth, secure
+from monarch.broker.config import settings
 
 log = logging.getLogger(__name__)
 
@@ -34,16 +41,25 @@ Handler = Callable[[Msg], None]
 class _DirectQueue:
     """Quacks like the ``asyncio.Queue`` nats-py expects; delivers inline."""
 
-    def __init__(self, sub: Subscription, handler: Handler, on_message: Handler | None) -> None:
+    def __init__(
+        self,
+        sub: Subscription,
+        handler: Handler,
+        on_message: Handler | None,
+        auth: MessageAuth | None,
+    ) -> None:
         self._sub = sub
         self._handler = handler
         self._on_message = on_message
+        self._auth = auth
 
     def put_nowait(self, msg: Msg) -> None:
+        # nats-py counted these bytes as pending; they are handled (or dropped) already.
+        self._sub._pending_size -= len(msg.data)
+        if self._auth is not None and not self._auth.accepts(msg):
+            return  # counted and warned about by accepts()
         if self._on_message is not None:
             self._on_message(msg)
-        # nats-py counted these bytes as pending; they are handled already.
-        self._sub._pending_size -= len(msg.data)
         try:
             if batch.is_batch(msg) and not msg.reply:  # we never send a batch with a reply
                 for one in batch.unpack(msg):
@@ -98,8 +114,14 @@ async def subscribe_ordered(
     The handler must be quick and must not block: it routes the message to a
     mailbox and returns. Exceptions it raises are logged and the message is
     dropped; they never reach nats-py.
+
+    When the job has a key, only messages with a valid tag reach ``on_message``
+    and ``handler``. ``nc`` is secured here if it was made some other way than
+    :func:`monarch.broker.connect.connect` (a host agent's), so that it signs
+    its own answers too.
     """
     use_plain_header_parser()
+    auth = secure(nc, settings())  # the connection's own, if connect() secured it already
     sub = await nc.subscribe(subject)
     for attr in ("_pending_queue", "_pending_size", "_pending_bytes_limit"):
         if not hasattr(sub, attr):
@@ -108,5 +130,5 @@ async def subscribe_ordered(
                 "ordered delivery (pin nats-py>=2.9,<3)"
             )
     sub._pending_bytes_limit = 0  # our mailboxes account for memory, not nats-py
-    sub._pending_queue = _DirectQueue(sub, handler, on_message)  # type: ignore[assignment]
+    sub._pending_queue = _DirectQueue(sub, handler, on_message, auth)  # type: ignore[assignment]
     return sub

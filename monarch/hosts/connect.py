@@ -15,6 +15,7 @@ from typing import Any
 import nats
 from nats.aio.client import Client
 
+from monarch.broker.auth import secure
 from monarch.broker.config import settings
 from monarch.broker.connect import connect_options
 
@@ -35,7 +36,7 @@ async def connect(url: str, name: str, timeout: float = 60.0, **options: Any) ->
     options.setdefault("error_cb", quiet)
     options = {**connect_options(settings()), **options}  # MONARCH_NATS_TOKEN, creds, TLS
     try:
-        return await asyncio.wait_for(
+        nc = await asyncio.wait_for(
             nats.connect(
                 server_list(url),
                 name=name,
@@ -51,6 +52,8 @@ async def connect(url: str, name: str, timeout: float = 60.0, **options: Any) ->
             f"cannot reach the NATS broker at {url} (tried for {timeout:.0f} s): "
             "is it running, and is MONARCH_NATS_URL (or --nats-url) right?"
         ) from e
+    secure(nc, settings())  # with a job key: sign what we publish (monarch.broker.auth)
+    return nc
 
 
 def connected_url(nc: Client) -> str:

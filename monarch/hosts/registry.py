@@ -23,6 +23,7 @@ from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KeyValue
 
 from monarch.broker import subjects
+from monarch.broker.auth import auth_of
 
 HOSTS = "hosts"
 PROCS = "procs"
@@ -149,6 +150,9 @@ class HeartbeatSeen:
             await self._sub.unsubscribe()
 
     async def _on_beat(self, msg: Any) -> None:
+        auth = auth_of(self.nc)
+        if auth is not None and not auth.accepts(msg):
+            return  # not from this job (counted by accepts)
         uid = msg.subject.rsplit(".", 1)[-1]
         if (msg.headers or {}).get("Mon-Kind") == "dead":
             self.dead.add(uid)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from monarch.actors.runtime import Runtime, runtime
+from monarch.broker.auth import auth_of
 from monarch.broker.codec import dumps, loads
 from monarch.rdma.errors import OwnerGoneError
 from monarch.rdma.handle import BufferHandle
@@ -30,7 +31,11 @@ def subject(namespace: str, proc_uid: str) -> str:
 def serve_queue_pairs(rt: Runtime, verbs: Verbs) -> None:
     """Owner side: answer queue-pair requests for as long as the runtime lives."""
 
+    auth = auth_of(rt.nc)
+
     async def on_request(msg) -> None:
+        if auth is not None and not auth.accepts(msg):
+            return  # not from this job (counted by accepts)
         try:
             answer = verbs.accept(loads(msg.data))
         except Exception as e:
@@ -58,6 +63,9 @@ def exchange(handle: BufferHandle, request: dict) -> dict:
         msg = rt.run_coro(coro).result(EXCHANGE_TIMEOUT + 2)
     except Exception as e:
         raise OwnerGoneError(f"{handle.describe()}: queue-pair exchange failed: {e!r}") from e
+    auth = auth_of(rt.nc)
+    if auth is not None and not auth.accepts(msg):
+        raise OwnerGoneError(f"{handle.describe()}: the queue-pair answer is not from this job")
     return loads(msg.data)
 
 
