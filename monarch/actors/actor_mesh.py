@@ -11,7 +11,6 @@ caller's proc and are gathered by a :class:`Gather`.
 from __future__ import annotations
 
 import collections
-import itertools
 import logging
 import random
 import threading
@@ -24,6 +23,7 @@ from monarch.actors.context import sender_id
 from monarch.actors.endpoint import ActorEndpoint, EndpointProperty, endpoints_of
 from monarch.actors.errors import (
     MeshStoppedError,
+    MessageLostError,
     NoActorError,
     NotAnEndpointError,
     SpawnError,
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from nats.aio.msg import Msg
 
 A = TypeVar("A")
-_seq = itertools.count(1)
+_log = logging.getLogger(__name__)
 
 
 class MessageTooLargeError(ValueError):
@@ -77,10 +77,43 @@ class MeshState:
         self.flow = FlowControl(name, cfg.flow_timeout, cfg.flow_batch, cfg.flow_window)
         self.owner_proc = rt.proc_uid  # where the owner lives, and who it is
         self.owner_actor = "client"
+        # (rank, count, subject) for messages from here that its actors never got
+        # (monarch.actors.lost_sends): appended on the loop, taken by the next sender.
+        self.lost: collections.deque[tuple[int, int, str]] = collections.deque()
         rt.mesh_states[uid] = self
 
     def actor_id(self, rank: int) -> str:
         return f"{self.name}.{self.uid}[{rank}]"
+
+    def note_lost(self, rank: int, count: int, subject: str) -> None:
+        """An actor of this mesh reports messages from this process that never reached it."""
+        _log.warning(
+            "%d message(s) from this process to rank %d of actor mesh %r were lost on the way "
+            "(on %s; a broker node died?): they were not run. The next call or send on this "
+            "mesh raises MessageLostError.",
+            count,
+            rank,
+            self.name,
+            subject,
+        )
+        self.lost.append((rank, count, subject))
+
+    def raise_if_lost(self) -> None:
+        """Raise :class:`MessageLostError` for losses reported since the last call or send."""
+        if not self.lost:
+            return
+        counts: dict[int, int] = {}
+        while self.lost:
+            rank, count, _ = self.lost.popleft()
+            counts[rank] = counts.get(rank, 0) + count
+        total = sum(counts.values())
+        raise MessageLostError(
+            f"{total} message(s) this process sent to actor mesh {self.name!r} were lost on the "
+            f"way and never run (lost per rank: {dict(sorted(counts.items()))}); a broker node "
+            "died? The mesh goes on; this call or send was not made.",
+            mesh=self.name,
+            counts=counts,
+        )
 
     # -- lifecycle (loop) ---------------------------------------------------
 
@@ -164,15 +197,14 @@ class MeshState:
             return
         on_error = gather.fail if gather is not None else None
         batchable = not reply  # a send: it may share one NATS message with its neighbours
+        # Numbered per subject, in wire order (monarch.actors.lost_sends); a gathered
+        # call is not counted, its loss is found by its caller (lost_replies).
+        stamp = rt.sends.stamp if gather is None else rt.sends.stamp_count
         for toks in tokens:
-            rt.publish(
-                subjects.actor(ns, self.name, self.uid, toks),
-                body,
-                headers,
-                reply,
-                on_error,
-                batchable,
-            )
+            subject = subjects.actor(ns, self.name, self.uid, toks)
+            numbered = headers if len(tokens) == 1 else dict(headers)
+            stamp(subject, numbered)
+            rt.publish(subject, body, numbered, reply, on_error, batchable)
 
     async def stop(self) -> None:
         await self.stop_actors()
@@ -290,14 +322,16 @@ class Gather:
         self._take(rank, msg)
 
     async def _fetch_then_take(self, msg: Msg) -> None:
+        rank = int((msg.headers or {})[m.RANK])
         try:
             data = await fetch_async(msg.data)
         except Exception as e:
-            self.fail(e)
+            if rank in self.values:  # a reply sent again, whose bytes the first copy took
+                self._drop("duplicate", msg)
+            else:
+                self.fail(e)
             return
-        self._take(
-            int((msg.headers or {})[m.RANK]), LocalMsg(msg.subject, data, msg.reply, msg.headers)
-        )
+        self._take(rank, LocalMsg(msg.subject, data, msg.reply, msg.headers))
 
     def _drop(self, reason: str, msg: Msg) -> None:
         Gather.dropped[reason] += 1
@@ -330,8 +364,8 @@ class Gather:
                 value = m.decode_error(
                     value, actor_id=self.state.actor_id(rank), rank=rank, endpoint=self.endpoint
                 )
-                if isinstance(value.exception, SupervisionError):
-                    value = value.exception  # a failed or stopping actor, not an endpoint error
+                if isinstance(value.exception, (SupervisionError, MessageLostError)):
+                    value = value.exception  # not an endpoint error: a failed actor, a lost message
         except Exception as e:  # an undecodable reply fails the call, not the loop
             ok, value = False, e
         self.values[rank] = value
@@ -444,7 +478,7 @@ class ActorMesh(MeshShapeOps, Generic[A]):
                 f"message to {self._class_name}.{endpoint} is {len(body)} bytes, over the broker's "
                 f"max_payload of {st.rt.max_payload}"
             )
-        headers = {m.KIND: kind, m.ENDPOINT: endpoint, m.FROM: sender_id(), m.SEQ: str(next(_seq))}
+        headers = {m.KIND: kind, m.ENDPOINT: endpoint, m.FROM: sender_id()}
         if adhoc:
             headers[ADHOC] = adhoc
         return body, headers
@@ -478,6 +512,8 @@ class ActorMesh(MeshShapeOps, Generic[A]):
         adhoc: str | None = None,
         flow: bool = True,
     ) -> Any:
+        if flow:  # a user's call (not a flow marker) learns of earlier losses
+            self._state.raise_if_lost()
         body, headers = self._encode(endpoint, args, kwargs, "call", adhoc)
         tokens, expected = self._targets("choose" if gather == "choose" else "all")
         if flow and len(expected) == 1 and gather != "stream":
@@ -498,6 +534,7 @@ class ActorMesh(MeshShapeOps, Generic[A]):
         selection: str = "all",
     ) -> None:
         """Send without gathering; replies (if ``port``) go straight to that port."""
+        self._state.raise_if_lost()
         body, headers = self._encode(endpoint, args, kwargs, "call" if port else "send", adhoc)
         tokens, _ = self._targets(selection)
         reply = port.subject if port is not None else ""

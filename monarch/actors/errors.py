@@ -81,3 +81,17 @@ class BrokerLostError(ConnectionError):
 
 class MalformedMessageError(ValueError):
     """A message could not be read (bad bytes or headers); the receiving actor lives on."""
+
+
+class MessageLostError(ConnectionError):
+    """Messages to an actor mesh were lost on the way (a broker node died); they were not run.
+
+    ``counts`` maps each rank to how many of this process's messages to it were
+    lost. Raised by the lost call itself, or by the next call or send on a mesh
+    that lost broadcasts (see :mod:`monarch.actors.lost_sends`).
+    """
+
+    def __init__(self, message: str, *, mesh: str = "", counts: dict[int, int] | None = None):
+        self.mesh = mesh
+        self.counts = dict(counts or {})
+        super().__init__(message)

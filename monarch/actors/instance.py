@@ -26,12 +26,19 @@ from nats.aio.msg import Msg
 from monarch.actors import messages as m
 from monarch.actors.context import Context, Instance, set_context
 from monarch.actors.endpoint import EndpointProperty, endpoints_of
-from monarch.actors.errors import MalformedMessageError, MeshStoppedError, SupervisionError
+from monarch.actors.errors import (
+    MalformedMessageError,
+    MeshStoppedError,
+    MessageLostError,
+    SupervisionError,
+)
 from monarch.actors.flow import FLOW_ENDPOINT
+from monarch.actors.lost_sends import SequenceCheck
 from monarch.actors.mailbox import Job, LoopRunner, ThreadRunner
 from monarch.actors.ports import Port
 from monarch.actors.runtime import Runtime
 from monarch.actors.shape import Extent, Point
+from monarch.broker import subjects
 from monarch.broker.codec import CodecError, dumps, loads
 from monarch.rdma.bulk import fetch, fetch_async, offload
 from monarch.supervision.failure import MeshFailure, SupervisionFailure
@@ -88,6 +95,7 @@ class ActorInstance:
         self._stopping = False  # no new messages are taken
         self._stop_requested = False
         self._done = False  # stop or failure handling has begun
+        self._sequence = SequenceCheck()  # holes in senders' numbering: lost messages
         label = f"actor {self.actor_id}"
         if any(not p.is_async for p in self.endpoints.values()):
             self._runner: ThreadRunner | LoopRunner = ThreadRunner(
@@ -120,10 +128,47 @@ class ActorInstance:
 
     def deliver(self, msg: Msg) -> None:
         """Called by the intake, in wire order, on the loop."""
+        hole = self._sequence.check(msg)
+        if hole is not None and self._lost_before(msg, *hole):
+            return
+        headers = msg.headers
+        if headers and headers.get(m.KIND) == "sync":
+            return  # a sender's count so far: checked, nothing to run
+        if msg.reply and self.rt.replies is not None:
+            self.rt.replies.received(msg.reply, self.rank)  # a caller may ask about it later
         if self._stopping or self.failed is not None:
             self._refuse(msg)
             return
         self._runner.put(msg)
+
+    def _lost_before(self, msg: Msg, sender: str, count: int) -> bool:
+        """Messages from ``sender`` were lost before ``msg``: tell it; True if ``msg`` is refused.
+
+        A call is refused, so that its caller learns at once; anything else is
+        handled, and the sender's process is told (its next call on the mesh raises).
+        """
+        headers = msg.headers or {}
+        log.warning(
+            "actor %s: %d message(s) from %s on %s were lost on the way (a broker node died?)",
+            self.actor_id, count, sender, msg.subject,
+        )  # fmt: skip
+        if msg.reply and headers.get(m.KIND) == "call" and headers.get(m.ENDPOINT) != FLOW_ENDPOINT:
+            err = MessageLostError(
+                f"{count} earlier message(s) from this process to {self.actor_id} were lost on "
+                "the way (a broker node died?), so this call was not run there",
+                mesh=self.name,
+                counts={self.rank: count},
+            )
+            self.rt.replies.received(msg.reply, self.rank)
+            self._publish_reply(msg.reply, "error", m.encode_error(err))
+            return True
+        notice = dumps([self.uid, self.rank, count, msg.subject])
+        self.rt.publish(
+            subjects.ctl_proc(self.rt.namespace, sender),
+            notice,
+            {m.KIND: "lost", m.FROM: self.actor_id},
+        )
+        return False
 
     def supervise(self, failure: MeshFailure) -> None:
         """A mesh this actor owns failed: run ``__supervise__`` in mailbox order."""
@@ -437,6 +482,8 @@ class ActorInstance:
         headers = {m.KIND: kind, m.RANK: str(self.rank), m.FROM: self.actor_id}
         if wait:  # the caller blocks on this reply (see monarch.actors.busy_poll)
             headers[m.WAIT] = "one"
+        if self.rt.replies is not None:
+            self.rt.replies.sent(subject, self.rank, body, headers)  # kept, should it be lost
         self.rt.publish(subject, body, headers)
 
     def _refuse(self, msg: Msg) -> None:

@@ -6,10 +6,15 @@ encoded by :mod:`monarch.broker.codec`.
 ========================  ==============================================
 ``Mon-Kind``              ``call`` (wants replies), ``send`` (no reply),
                           ``reply``, ``error``, ``spawn``, ``stop``,
-                          ``ready``, ``ok``
+                          ``ready``, ``ok``, ``sync``; on control subjects
+                          also ``probe`` and ``lost``
 ``Mon-Endpoint``          the endpoint a call or send is for
 ``Mon-From``              the sender's actor id (``client`` for the root)
-``Mon-Seq``               the sender process's message counter
+``Mon-Seq``               ``<n>@<sender proc uid>``: the n-th send of that
+                          process to this subject (a hole is a loss,
+                          :mod:`monarch.actors.lost_sends`)
+``Mon-Sent``              ``<n>@<sender proc uid>`` on a gathered call or a
+                          ``sync`` marker: that many sends so far
 ``Mon-Rank``              the replier's rank in its mesh (replies), or
                           the receiver's rank (spawn)
 ``Mon-Wait``              ``one`` on a call to a single actor and on its

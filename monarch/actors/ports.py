@@ -52,11 +52,19 @@ class Port(Generic[R]):
 
         body = offload(body, readers=1, ttl=None)  # a big value travels out of band
         rt = runtime()
-        headers = {m.KIND: kind, m.RANK: str(self._sender_rank()), m.FROM: sender_id()}
-        rt.call_soon(rt.publish, self.subject, body, headers)
+        rank = self._sender_rank()
+        headers = {m.KIND: kind, m.RANK: str(rank), m.FROM: sender_id()}
+        rt.call_soon(_post_reply, rt, self.subject, rank, body, headers)
 
     def __repr__(self) -> str:
         return f"Port({self.subject!r})"
+
+
+def _post_reply(rt: Runtime, subject: str, rank: int, body: bytes, headers: dict) -> None:
+    """On the loop: publish, kept for a caller that may not get it (monarch.actors.lost_replies)."""
+    if rt.replies is not None:
+        rt.replies.sent(subject, rank, body, headers)
+    rt.publish(subject, body, headers)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Port) and other.subject == self.subject

@@ -93,6 +93,10 @@ class Runtime:
         self._own_port_prefix = subjects.port(cfg.namespace, proc_uid, "")
         self._own_ctl = subjects.ctl_proc(cfg.namespace, proc_uid)
         self.busy_poll = BusyPoll(loop, cfg.busy_poll_us)
+        # What recovers lost calls, replies and sends (set up by connect).
+        self.replies: Any = None  # monarch.actors.lost_replies.ReplyLedger
+        self.prober: Any = None  # monarch.actors.lost_replies.CallProber
+        self.sends: Any = None  # monarch.actors.lost_sends.SendCounter
 
     # -- start and stop ----------------------------------------------------
 
@@ -116,6 +120,20 @@ class Runtime:
             self.nc, subjects.port_wildcard(ns, self.proc_uid), self._on_port, poke
         )
         await subscribe_ordered(self.nc, subjects.ctl_proc(ns, self.proc_uid), self._on_ctl, poke)
+        self._start_loss_recovery()
+
+    def _start_loss_recovery(self) -> None:
+        # Imported here: they speak the actor protocol, whose modules import this one.
+        from monarch.actors.lost_replies import CallProber, ReplyLedger
+        from monarch.actors.lost_sends import SendCounter
+
+        self.replies = ReplyLedger(self)
+        self.prober = CallProber(self)
+        self.sends = SendCounter(self)
+        self.connection_listeners.append(self.replies.connection_changed)
+        self.connection_listeners.append(self.sends.connection_changed)
+        self.prober.start()
+        self.sends.start()
 
     async def close(self) -> None:
         for closer in reversed(self._closers):
@@ -342,10 +360,29 @@ class Runtime:
         self._ctl_handler = handler
 
     def _on_ctl(self, msg: Msg) -> None:
+        kind = (msg.headers or {}).get("Mon-Kind")
+        if kind == "probe" and self.replies is not None:
+            self.replies.answer_probe(msg)  # here, in arrival order: after the calls it asks about
+            return
+        if kind == "lost":
+            self._on_lost(msg)
+            return
         if self._ctl_handler is None:
             log.warning("control message %s ignored: this process hosts no actors", msg.subject)
             return
         self._ctl_handler(msg)
+
+    def _on_lost(self, msg: Msg) -> None:
+        """An actor found a hole in this process's messages to it (see monarch.actors.lost_sends)."""
+        from monarch.broker.codec import loads
+
+        try:
+            mesh_uid, rank, count, subject = loads(msg.data)
+            st = self.mesh_states.get(mesh_uid)
+            if st is not None:
+                st.note_lost(int(rank), int(count), str(subject))
+        except Exception as e:
+            log.warning("malformed loss report on %s: %r", msg.subject, e)
 
     async def subscribe_mesh(self, subject: str, handler: Callable[[Msg], None]) -> Any:
         return await subscribe_ordered(self.nc, subject, handler, self.busy_poll.on_message)

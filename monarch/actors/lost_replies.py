@@ -1,0 +1,238 @@
+"""Lost calls and replies: a call whose request or reply vanished with a broker node ends anyway.
+
+NATS core delivers at most once. When the broker node a proc is connected to
+dies, the replies that proc had just published, and the calls routed through
+that node to it, are gone; the proc reconnects to another node of the cluster
+and nobody knows. The caller itself is still connected, so nothing tells it
+either: it would wait until its own timeout, or forever.
+
+Two halves close that gap:
+
+* The replier (:class:`ReplyLedger`, one per process) remembers which calls
+  it received and not yet answered, and the replies it sent, for
+  ``REPLY_TTL`` seconds and at most ``REPLY_CACHE_BYTES`` (a big reply is a
+  small reference to bytes kept out of band, so the cache stays small). When
+  its own connection comes back after a drop, it publishes again the replies
+  of the ``RESEND_WINDOW`` seconds before the drop: those that died with the
+  node arrive now, the others are duplicates that the caller drops.
+* The caller (:class:`CallProber`, one per process) asks about every call
+  still unanswered ``PROBE_AFTER`` seconds after it left, and again at twice
+  that age, and so on, then every ``PROBE_EVERY`` seconds: one ``probe``
+  control message per proc that hosts a missing rank, listing ``[reply
+  subject, rank]`` pairs. The proc answers each with ``replied`` (and
+  publishes that reply again), ``pending`` (received, not answered yet) or
+  ``unknown`` (never received: the request was lost). An unknown call fails
+  at once with :class:`MessageLostError`; it was not run, so it is safe to
+  send again.
+
+A call therefore completes or raises within ``PROBE_EVERY`` seconds (plus a
+round trip) of the loss, whichever node died; a reply that arrives twice is
+taken once (a gather takes one reply per rank). Calls that fail when the
+caller's *own* connection drops are handled by supervision
+(:class:`~monarch.actors.errors.BrokerLostError`), not here. A proc that dies
+is the heartbeat watcher's business: a probe nobody answers is simply asked
+again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+import weakref
+from typing import Any
+
+from monarch.actors import messages as m
+from monarch.actors.errors import MessageLostError
+from monarch.broker import subjects
+from monarch.broker.codec import dumps, loads
+
+log = logging.getLogger(__name__)
+
+REPLY_TTL = 60.0  # seconds a sent reply is kept for a caller that did not get it
+REPLY_CACHE_BYTES = 64 * 1024 * 1024
+MAX_PENDING = 100_000  # received calls not answered yet that are remembered
+RESEND_WINDOW = 1.0  # seconds before a connection drop whose replies are sent again
+PROBE_AFTER = 1.0  # a call unanswered this long is asked about (then at 2x, 4x...)
+PROBE_EVERY = 4.0  # ...up to this interval
+PROBE_REPLY_TIMEOUT = 5.0  # a probe's own answer port stays open this long
+TICK = 0.25
+
+
+class ReplyLedger:
+    """The replier's memory of the calls it received and the replies it sent (loop only)."""
+
+    def __init__(self, rt: Any) -> None:
+        self.rt = rt
+        self._pending: dict[tuple[str, int], float] = {}
+        self._sent: collections.OrderedDict[tuple[str, int], tuple[float, bytes, dict]] = (
+            collections.OrderedDict()
+        )
+        self._bytes = 0
+        self._dropped_at: float | None = None
+        self.resent = 0  # replies published again (after a reconnect or on a probe)
+
+    def received(self, reply: str, rank: int) -> None:
+        """A call that wants a reply at ``reply`` reached the actor of ``rank`` here."""
+        if len(self._pending) >= MAX_PENDING:
+            del self._pending[next(iter(self._pending))]
+        self._pending[(reply, rank)] = time.monotonic()
+
+    def sent(self, subject: str, rank: int, body: bytes, headers: dict) -> None:
+        """A reply left; remembered only when it answers a call received here."""
+        key = (subject, rank)
+        if self._pending.pop(key, None) is None:
+            return  # a stream port's later values, a control reply: nothing to recover
+        now = time.monotonic()
+        self._sent[key] = (now, body, headers)
+        self._bytes += len(body)
+        while self._sent:
+            first = next(iter(self._sent.values()))
+            if now - first[0] <= REPLY_TTL and self._bytes <= REPLY_CACHE_BYTES:
+                break
+            _, (_, old, _) = self._sent.popitem(last=False)
+            self._bytes -= len(old)
+
+    def status(self, subject: str, rank: int) -> str:
+        """``replied`` (and sent again), ``pending`` or ``unknown``."""
+        key = (subject, rank)
+        kept = self._sent.get(key)
+        if kept is not None:
+            self._resend(subject, kept)
+            return "replied"
+        return "pending" if key in self._pending else "unknown"
+
+    def answer_probe(self, msg: Any) -> None:
+        """A caller asks about calls it got no reply to (a ``probe`` control message)."""
+        try:
+            entries = loads(msg.data)
+            statuses = [self.status(str(subject), int(rank)) for subject, rank in entries]
+        except Exception as e:
+            log.warning("malformed probe on %s: %r", msg.subject, e)
+            return
+        if msg.reply:
+            headers = {m.KIND: "ok", m.FROM: self.rt.proc_uid}
+            self.rt.publish(msg.reply, dumps(statuses), headers)
+
+    def connection_changed(self, connected: bool) -> None:
+        if not connected:
+            if self._dropped_at is None:
+                self._dropped_at = time.monotonic()
+            return
+        dropped, self._dropped_at = self._dropped_at, None
+        if dropped is None:
+            return
+        since = dropped - RESEND_WINDOW
+        again = [(key[0], kept) for key, kept in self._sent.items() if kept[0] >= since]
+        for subject, kept in again:
+            self._resend(subject, kept)
+        if again:
+            log.info(
+                "%s: sent %d recent replies again after a reconnect", self.rt.proc_uid, len(again)
+            )
+
+    def _resend(self, subject: str, kept: tuple[float, bytes, dict]) -> None:
+        self.resent += 1
+        self.rt.publish(subject, kept[1], kept[2])
+
+
+class CallProber:
+    """Asks the repliers about calls unanswered for too long (loop only)."""
+
+    def __init__(self, rt: Any) -> None:
+        self.rt = rt
+        # gather -> [next probe time, interval]; weak: a finished call's values (tensor
+        # handles, say) must not outlive it here until the next sweep.
+        self._due: weakref.WeakKeyDictionary[Any, list[float]] = weakref.WeakKeyDictionary()
+        self._task: asyncio.Task | None = None
+        self.probes = 0  # probe messages sent
+        self.lost = 0  # calls failed because their request never arrived
+
+    def start(self) -> None:
+        self._task = self.rt.loop.create_task(self._run())
+        self.rt.on_close(self.stop)
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(TICK)
+            try:
+                self.sweep()
+            except Exception:
+                log.exception("probing calls in flight failed")
+
+    def sweep(self) -> None:
+        """Probe the gathers that are due; forget those that ended."""
+        now = time.monotonic()
+        live: list[Any] = []
+        asks: dict[str, list[tuple[list, Any]]] = collections.defaultdict(list)
+        for st in list(self.rt.mesh_states.values()):
+            if not st.inflight or st.local is not None or not st.ready or not st.proc_uids:
+                continue  # nothing out, delivered in-process, or still queued here
+            for gather in list(st.inflight):
+                live.append(gather)
+                due = self._due.get(gather)
+                if due is None:  # first seen now: it left at most one tick ago
+                    self._due[gather] = [now + PROBE_AFTER, PROBE_AFTER]
+                    continue
+                if now < due[0]:
+                    continue
+                due[1] = min(due[1] * 2, PROBE_EVERY)
+                due[0] = now + due[1]
+                for rank in gather.expected:
+                    if rank in gather.values or rank in st.dead or rank >= len(st.proc_uids):
+                        continue
+                    asks[st.proc_uids[rank]].append(([gather.subject, rank], gather))
+        live_ids = {id(g) for g in live}
+        for gather in [g for g in self._due if id(g) not in live_ids]:
+            del self._due[gather]
+        for proc_uid, entries in asks.items():
+            self._probe(proc_uid, entries)
+
+    def _probe(self, proc_uid: str, entries: list[tuple[list, Any]]) -> None:
+        rt = self.rt
+        timer: asyncio.TimerHandle | None = None
+
+        def on_answer(msg: Any) -> None:
+            rt.close_port(port_id)
+            if timer is not None:
+                timer.cancel()
+            try:
+                statuses = loads(msg.data)
+            except Exception as e:
+                log.warning("malformed probe answer from %s: %r", proc_uid, e)
+                return
+            for (entry, gather), status in zip(entries, statuses):
+                if status == "unknown":
+                    self._lost(gather, entry[1], proc_uid)
+
+        port_id, reply = rt.open_port(on_answer)
+        timer = rt.loop.call_later(PROBE_REPLY_TIMEOUT, rt.close_port, port_id)
+        body = dumps([entry for entry, _ in entries])
+        self.probes += 1
+        rt.publish(
+            subjects.ctl_proc(rt.namespace, proc_uid),
+            body,
+            {m.KIND: "probe", m.FROM: rt.proc_uid},
+            reply,
+        )
+
+    def _lost(self, gather: Any, rank: int, proc_uid: str) -> None:
+        st = gather.state
+        if gather not in st.inflight or rank in gather.values:
+            return  # answered meanwhile
+        self.lost += 1
+        gather.fail(
+            MessageLostError(
+                f"the call to {st.class_name}.{gather.endpoint} on rank {rank} of actor mesh "
+                f"{st.name!r} was lost on its way: proc {proc_uid} never received it (a broker "
+                "node on its path died?). It was not run there; it is safe to call again.",
+                mesh=st.name,
+                counts={rank: 1},
+            )
+        )

@@ -1,0 +1,57 @@
+"""Actors for the broker-node death tests (importable by procs)."""
+
+from __future__ import annotations
+
+import time
+
+from monarch.actor import Actor, context, endpoint
+from monarch.actors.proc import local_server
+from monarch.actors.runtime import runtime
+from monarch.broker import subjects
+
+
+class Counter(Actor):
+    """Counts what it handled; says which broker node its proc is connected to."""
+
+    def __init__(self) -> None:
+        self.handled = 0
+
+    @endpoint
+    def ping(self, i: int) -> int:
+        self.handled += 1
+        return i
+
+    @endpoint
+    def incr(self) -> None:
+        self.handled += 1
+
+    @endpoint
+    def count(self) -> int:
+        return self.handled
+
+    @endpoint
+    def node_port(self) -> int:
+        return runtime().nc.connected_url.port
+
+    @endpoint
+    def replies_resent(self) -> int:
+        return runtime().replies.resent
+
+    @endpoint
+    def slow(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+    @endpoint
+    async def deafen(self) -> str:
+        """Stop hearing messages sent to the whole mesh (still hear those for this rank):
+        from then on, a whole-mesh call never reaches this actor, as if lost on the way."""
+        me = context().actor_instance
+        inst = local_server(runtime()).find(me.actor_id)
+        whole = subjects.actor(
+            runtime().namespace, inst.name, inst.uid, [subjects.WILDCARD] * len(inst.extent.sizes)
+        )
+        for sub in [s for s in inst.subscriptions if s.subject == whole]:
+            inst.subscriptions.remove(sub)
+            await sub.unsubscribe()
+        return whole

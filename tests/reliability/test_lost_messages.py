@@ -1,0 +1,136 @@
+"""What finds lost messages, driven by hand on one broker (the node-death tests lose them for real).
+
+A foreign nats-py client plays the other side: it asks a proc about replies
+(``probe``), or numbers its messages to an actor with a hole in them, the way
+a sender whose broker node died would have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import nats
+import pytest
+
+from monarch.actor import MessageLostError, this_host
+from monarch.actors import messages as m
+from monarch.actors.lost_sends import SENT
+from monarch.actors.runtime import runtime
+from monarch.broker import subjects
+from monarch.broker.codec import dumps, loads
+from tests.reliability.node_actors import Counter
+
+
+@pytest.fixture
+def counters(nats_url):
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    mesh = procs.spawn("counter", Counter)
+    mesh.count.call().get(timeout=60)
+    yield mesh
+    procs.stop().get(timeout=60)
+
+
+def _subject_of_rank(mesh, rank: int) -> str:
+    st = mesh._state
+    return subjects.actor("default", st.name, st.uid, [str(c) for c in st.base.coords(rank)])
+
+
+async def _next(queue: asyncio.Queue, timeout: float = 10.0):
+    return await asyncio.wait_for(queue.get(), timeout)
+
+
+def test_a_proc_answers_probes_and_sends_a_kept_reply_again(nats_url, counters):
+    st = counters._state
+    actor_subject = _subject_of_rank(counters, 0)
+    ctl = subjects.ctl_proc("default", st.proc_uids[0])
+
+    async def scenario():
+        nc = await nats.connect(nats_url)
+        replies: asyncio.Queue = asyncio.Queue()
+        answers: asyncio.Queue = asyncio.Queue()
+        inbox, slow_inbox, answer_inbox = (nc.new_inbox() for _ in range(3))
+        for subject, queue in ((inbox, replies), (slow_inbox, replies), (answer_inbox, answers)):
+            await nc.subscribe(subject, cb=queue.put)
+        call = {m.KIND: "call", m.ENDPOINT: "ping", m.FROM: "client"}
+        await nc.publish(actor_subject, dumps(((7,), {}, None)), reply=inbox, headers=call)
+        first = await _next(replies)
+        slow = {**call, m.ENDPOINT: "slow"}
+        await nc.publish(actor_subject, dumps(((1.5,), {}, None)), reply=slow_inbox, headers=slow)
+        asked = [[inbox, 0], [slow_inbox, 0], [nc.new_inbox(), 0], [inbox, 1]]
+        await nc.publish(ctl, dumps(asked), reply=answer_inbox, headers={m.KIND: "probe"})
+        statuses = loads((await _next(answers)).data)
+        again = await _next(replies)  # the kept reply, sent again
+        slow_reply = await _next(replies)
+        await nc.close()
+        return first, statuses, again, slow_reply
+
+    first, statuses, again, slow_reply = asyncio.run(scenario())
+    assert loads(first.data) == 7 and first.headers[m.RANK] == "0"
+    assert statuses == ["replied", "pending", "unknown", "unknown"]
+    assert again.data == first.data and again.subject == first.subject
+    assert loads(slow_reply.data) == 1.5
+
+
+def test_a_hole_in_a_senders_numbering_is_reported_to_that_sender(nats_url, counters):
+    ghost = f"ghost-{subjects.new_uid()}"
+    subject = _subject_of_rank(counters, 1)
+
+    async def scenario():
+        nc = await nats.connect(nats_url)
+        notices: asyncio.Queue = asyncio.Queue()
+        await nc.subscribe(subjects.ctl_proc("default", ghost), cb=notices.put)
+        send = {m.KIND: "send", m.ENDPOINT: "incr", m.FROM: ghost}
+        body = dumps(((), {}, None))
+        for n in (1, 3):  # number 2 "died with a broker node"
+            await nc.publish(subject, body, headers={**send, m.SEQ: f"{n}@{ghost}"})
+        by_send = await _next(notices)
+        # Sends 4 and 5 are lost too; a sync marker says 5 went out.
+        sync = {m.KIND: "sync", m.FROM: ghost, SENT: f"5@{ghost}"}
+        await nc.publish(subject, b"", headers=sync)
+        by_sync = await _next(notices)
+        # Then 6 is lost and a call says "6 so far": it is refused, not run.
+        inbox = nc.new_inbox()
+        replies: asyncio.Queue = asyncio.Queue()
+        await nc.subscribe(inbox, cb=replies.put)
+        call = {m.KIND: "call", m.ENDPOINT: "ping", m.FROM: ghost, SENT: f"6@{ghost}"}
+        await nc.publish(subject, dumps(((1,), {}, None)), reply=inbox, headers=call)
+        refused = await _next(replies)
+        await nc.close()
+        return by_send, by_sync, refused
+
+    by_send, by_sync, refused = asyncio.run(scenario())
+    uid = counters._state.uid
+    assert by_send.headers[m.KIND] == "lost" and loads(by_send.data) == [uid, 1, 1, subject]
+    assert loads(by_sync.data) == [uid, 1, 2, subject]
+    assert refused.headers[m.KIND] == "error"
+    error = m.decode_error(refused.data, actor_id="", rank=1, endpoint="ping")
+    assert isinstance(error.exception, MessageLostError)
+    assert error.exception.counts == {1: 1}
+    # It ran sends 1 and 3, not the refused call.
+    assert list(counters.count.call().get(timeout=30).values()) == [0, 2]
+
+
+def test_the_sender_learns_of_its_lost_messages_at_its_next_call(nats_url, counters):
+    st = counters._state
+    notice = dumps([st.uid, 1, 3, _subject_of_rank(counters, 1)])
+    rt = runtime()
+    rt.call_soon(rt.publish, subjects.ctl_proc("default", rt.proc_uid), notice, {m.KIND: "lost"})
+    deadline = time.monotonic() + 10
+    while not st.lost and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(MessageLostError, match="3 message") as caught:
+        counters.ping.call(1).get(timeout=30)
+    assert caught.value.counts == {1: 3} and caught.value.mesh == "counter"
+    assert list(counters.ping.call(2).get(timeout=30).values()) == [2, 2]  # reported once
+
+
+def test_a_call_that_never_reaches_one_rank_fails_instead_of_waiting(nats_url, counters):
+    """Rank 1 no longer hears whole-mesh messages: a whole-mesh call reaches rank 0 only,
+    exactly as if its copy for rank 1 had died with a broker node. The caller's probe
+    finds out and the call raises, well before its own timeout."""
+    counters.slice(gpus=1).deafen.call_one().get(timeout=30)
+    with pytest.raises(MessageLostError, match="rank 1 .* never received it") as caught:
+        counters.ping.call(5).get(timeout=60)
+    assert caught.value.counts == {1: 1}
+    assert runtime().prober.lost >= 1
