@@ -86,6 +86,7 @@ class Runtime:
         self._batch_scheduled = False
         self._batch_max = cfg.batch_max if cfg.wire == "msgpack" else 0  # JSON stays readable
         self._loop_thread_id: int | None = None
+        self._pid = os.getpid()  # a forked child has our objects, not our loop
         self._closers: list[Callable[[], Any]] = []
         # Called with False when the broker connection drops and True when it is back.
         self.connection_listeners: list[Callable[[bool], None]] = []
@@ -183,6 +184,8 @@ class Runtime:
         if threading.get_ident() == self._loop_thread_id:
             fn(*args)
             return
+        if os.getpid() != self._pid:
+            raise self._forked_error()
         self._inbox.append((fn, args))
         if not self._inbox_scheduled:
             self._inbox_scheduled = True
@@ -203,7 +206,19 @@ class Runtime:
 
     def run_coro(self, coro: Any) -> Any:
         """Schedule a coroutine on the loop from any thread; a concurrent future of its result."""
+        if os.getpid() != self._pid:
+            coro.close()
+            raise self._forked_error()
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def _forked_error(self) -> RuntimeError:
+        return RuntimeError(
+            f"this process (pid {os.getpid()}) was forked from the one that owns monarch "
+            f"runtime {self.proc_uid} (pid {self._pid}): the meshes, futures and ports it made "
+            "belong to the parent, whose event loop does not run here. In the child, spawn "
+            "procs of its own (its own runtime starts on first use), or use a spawn start "
+            "method for multiprocessing."
+        )
 
     # -- sending -----------------------------------------------------------
 
