@@ -10,6 +10,7 @@ from monarch.rdma import control as _control  # noqa: F401  (installs the ibverb
 from monarch.rdma.action import RDMAAction
 from monarch.rdma.backend import (
     get_rdma_backend,
+    get_rdma_transport,
     is_ibverbs_available,
     is_rdma_available,
 )
@@ -18,9 +19,13 @@ from monarch.rdma.errors import (
     BufferDroppedError,
     OwnerGoneError,
     RDMAError,
+    RDMAReadTransferWarning,
+    RDMATcpFallbackWarning,
     RDMATimeoutError,
+    RDMAWriteTransferWarning,
     ReadOnlyBufferError,
     TransportUnavailableError,
+    UnsupportedMemoryError,
 )
 
 __all__ = [
@@ -29,10 +34,15 @@ __all__ = [
     "RDMAAction",
     "RDMABuffer",
     "RDMAError",
+    "RDMAReadTransferWarning",
+    "RDMATcpFallbackWarning",
     "RDMATimeoutError",
+    "RDMAWriteTransferWarning",
     "ReadOnlyBufferError",
     "TransportUnavailableError",
+    "UnsupportedMemoryError",
     "get_rdma_backend",
+    "get_rdma_transport",
     "is_ibverbs_available",
     "is_rdma_available",
 ]

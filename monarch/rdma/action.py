@@ -1,12 +1,15 @@
 """``RDMAAction``: several transfers and atomics, submitted as one.
 
-Operations are queued with ``read_remote`` / ``write_remote`` /
-``fetch_add`` / ``compare_and_swap`` (Monarch's ``read_into`` /
-``write_from`` names work too) and run by ``submit()``: operations on
-buffers of one owner run in the order they were added, different owners'
-run at the same time. ``submit()`` may be called again to do the same work
-again. Arguments are checked when an operation is added (ValueError,
-TypeError), so a bad action fails before anything moves.
+Operations are queued with Monarch's ``read_remote(dst, buf)`` /
+``write_remote(buf, src)`` (local memory and buffer as in
+``buf.read_into(dst)`` / ``buf.write_from(src)``, same size rules), with
+``read_remote(buf, dst, offset)`` / ``write_remote(buf, src, offset)`` for a
+part of a buffer, and with ``fetch_add`` / ``compare_and_swap`` (which
+Monarch does not implement). ``submit()`` runs them: operations on buffers
+of one owner run in the order they were added, different owners' run at the
+same time; it may be called again to do the same work again. Arguments are
+checked when an operation is added (ValueError, TypeError), so a bad action
+fails before anything moves.
 
 Atomics work on the 8-byte unsigned little-endian word at an 8-aligned
 offset (ibverbs requires the alignment; the others keep the rule so code
@@ -39,25 +42,41 @@ class RDMAAction:
 
     # -- queueing ------------------------------------------------------------
 
-    def read_remote(self, buf: RDMABuffer, dst: Any, offset: int = 0) -> RDMAAction:
-        """Copy ``buf``'s bytes ``[offset, offset + len(dst))`` into local ``dst``."""
-        memory = as_memory(dst, "read_remote destination", need_writable=True)
-        transfer.check_range(buf.handle, offset, memory.size, "read_remote")
-        return self._add("read", buf, offset, memory)
+    def read_remote(self, dst: Any, src: Any, offset: int | None = None) -> RDMAAction:
+        """Queue a read of buffer ``src`` into local ``dst`` (Monarch's order and names).
 
-    def write_remote(self, buf: RDMABuffer, src: Any, offset: int = 0) -> RDMAAction:
-        """Copy local ``src`` into ``buf`` from ``offset``."""
+        ``read_remote(buf, dst, offset)`` (buffer first) works too: the order
+        is told by which argument is the RDMABuffer. The bytes copied are
+        those of ``src.read_into(dst, offset=offset)``: all of the buffer into
+        the start of ``dst`` without an offset, else ``len(dst)`` bytes from
+        ``offset``.
+        """
+        buf, local = (src, dst) if isinstance(src, RDMABuffer) else (dst, src)
+        if not isinstance(buf, RDMABuffer):
+            raise TypeError(
+                f"read_remote: one argument must be an RDMABuffer, got {type(buf).__name__}"
+            )
+        memory = as_memory(local, "read_remote destination", need_writable=True)
+        start, memory = transfer.read_span(buf.handle, memory, offset, "read_remote")
+        return self._add("read", buf, start, memory)
+
+    def write_remote(self, dst: RDMABuffer, src: Any, offset: int = 0) -> RDMAAction:
+        """Queue a write of all of local ``src`` into buffer ``dst`` from ``offset`` (Monarch's order)."""
+        if not isinstance(dst, RDMABuffer):
+            raise TypeError(
+                f"write_remote(dst, src): dst must be an RDMABuffer, got {type(dst).__name__}"
+            )
         memory = as_memory(src, "write_remote source")
-        transfer.check_range(buf.handle, offset, memory.size, "write_remote")
-        transfer.check_writable(buf.handle, "write_remote")
-        return self._add("write", buf, offset, memory)
+        transfer.check_range(dst.handle, offset, memory.size, "write_remote", "source")
+        transfer.check_writable(dst.handle, "write_remote")
+        return self._add("write", dst, offset, memory)
 
     def read_into(self, src: RDMABuffer, dst: Any) -> RDMAAction:
-        """Monarch's name: read all of ``src`` into ``dst`` (``read_remote(src, dst)``)."""
-        return self.read_remote(src, dst)
+        """Read all of ``src`` into ``dst`` (``read_remote(dst, src)``)."""
+        return self.read_remote(dst, src)
 
     def write_from(self, src: RDMABuffer, dst: Any) -> RDMAAction:
-        """Monarch's name (and argument order): write local ``dst`` into buffer ``src``."""
+        """Write local ``dst`` into buffer ``src`` (``write_remote(src, dst)``)."""
         return self.write_remote(src, dst)
 
     def fetch_add(self, buf: RDMABuffer, offset: Any, value: int, *, dst: Any = None) -> RDMAAction:
@@ -78,12 +97,14 @@ class RDMAAction:
 
     # -- running ---------------------------------------------------------------
 
-    def submit(self, *, timeout: float = DEFAULT_TIMEOUT) -> Future[list]:
-        """Run every queued operation; a Future of their results in the order added.
+    def submit(self, *, timeout: float | None = DEFAULT_TIMEOUT) -> Future[Any]:
+        """Run every queued operation; a Future, done when all are.
 
-        Results: None for reads and writes, the old value for atomics. The
-        future fails with the first failed operation's error (in added order)
-        once every owner's sequence has stopped.
+        Its value is None, as in Monarch, unless the action holds atomics:
+        then the list of results in the order added (None for reads and
+        writes, the old value for atomics). The future fails with the first
+        failed operation's error (in added order) once every owner's sequence
+        has stopped. A negative timeout is an OverflowError (as in Monarch).
         """
         deadline = transfer.deadline_in(timeout)
         ops = list(self._ops)
@@ -92,7 +113,8 @@ class RDMAAction:
             by_owner.setdefault((op[1].handle.owner, op[1].handle.pid), []).append(i)
         results: list[Any] = [None] * len(ops)
         errors: dict[int, BaseException] = {}
-        fut: Future[list] = transfer.TransferFuture()
+        fut: Future[Any] = transfer.TransferFuture()
+        atomics = any(op[0] not in ("read", "write") for op in ops)
         left = [len(by_owner)]
         lock = threading.Lock()
 
@@ -112,10 +134,10 @@ class RDMAAction:
                     if errors:
                         fut._set_exception(errors[min(errors)])
                     else:
-                        fut._set_result(results)
+                        fut._set_result(results if atomics else None)
 
         if not by_owner:
-            fut._set_result([])
+            fut._set_result(None)
         for indices in by_owner.values():
             transfer.executor().submit(run_owner, indices)
         return fut

@@ -5,16 +5,21 @@ memory; the object is a small handle that can be passed to any actor (in
 endpoint arguments and return values, or pickled), and whoever holds it can
 ``read_into`` local memory from it or ``write_from`` local memory to it,
 without the owner's code taking part. Both return a
-:class:`~monarch.actors.future.Future` (``.get()`` or ``await``).
+:class:`~monarch.actors.future.Future` of ``None`` (``.get()`` or ``await``).
 
-Differences from Monarch, on purpose: bytes only (a 1-D contiguous
-``torch.uint8`` tensor, memoryview, bytearray, or ``bytes`` for a read-only
-buffer; other layouts are a ``TypeError`` saying how to get a byte view);
-``offset`` selects a sub-range, and the local side's size is the number of
-bytes moved (Monarch reads the whole buffer into a destination at least as
-big, which here is ``offset=0`` with a destination of ``size()`` bytes);
-the default timeout is 30 s (Monarch: 3 s), since the tcp fallback is slower
-than RDMA hardware.
+As in Monarch: the memory is a 1-D contiguous tensor of any dtype (CPU or
+CUDA; a contiguous view or slice is fine) or a 1-D contiguous memoryview of
+bytes; sizes are in bytes; ``read_into(dst)`` copies the whole buffer into
+the first ``size()`` bytes of ``dst`` (ValueError if ``dst`` is smaller) and
+``write_from(src)`` copies all of ``src`` to the start of the buffer
+(ValueError if it is bigger); the default timeout is 60 s, and a negative one
+is an OverflowError.
+
+Beyond Monarch: a bytearray or ``bytes`` (a read-only buffer: writes to it
+fail with ReadOnlyBufferError) may be registered too; ``offset=`` reads or
+writes part of a buffer (``read_into(dst, offset=k)`` copies exactly
+``len(dst)`` bytes from ``k``); a timeout may be a float or None (no limit);
+:attr:`RDMABuffer.transport` says which of our transports a transfer uses.
 
 The registration (and a reference keeping the memory alive) lasts until
 ``drop()``, by the owner or by anyone holding the handle, or until the owner
@@ -30,12 +35,13 @@ from typing import Any
 from monarch.actors.future import Future
 from monarch.broker.codec import register_ext
 from monarch.rdma import transfer
+from monarch.rdma.backend import monarch_name
 from monarch.rdma.handle import BufferHandle
 from monarch.rdma.memory import as_memory
 from monarch.rdma.owner import current_owner, local_owner
 from monarch.rdma.transports import choose_transport
 
-DEFAULT_TIMEOUT = 30.0
+DEFAULT_TIMEOUT = 60.0  # seconds, as in Monarch
 BUFFER_EXT = 20
 
 
@@ -47,8 +53,10 @@ class RDMABuffer:
     def __init__(self, data: Any) -> None:
         """Register ``data`` (kept alive until ``drop()``) in this process.
 
-        Raises TypeError for anything but a 1-D contiguous uint8 tensor (CPU or
-        CUDA), memoryview, bytearray or bytes, and ValueError for size 0.
+        Raises UnsupportedMemoryError (a ValueError, as in Monarch, and a
+        TypeError) for anything but a 1-D contiguous tensor (CPU or CUDA),
+        a 1-D contiguous memoryview of bytes, a bytearray or bytes, and
+        ValueError for size 0.
         """
         memory = as_memory(data, "RDMABuffer data")
         if memory.size == 0:
@@ -76,39 +84,53 @@ class RDMABuffer:
 
     @property
     def backend(self) -> str:
-        """The transport a transfer from this process would use: ibverbs, same_host or tcp."""
+        """Monarch's name for how a transfer from this process moves bytes: ``ibverbs`` or ``tcp``.
+
+        ``tcp`` stands for every fallback (a same-host copy included), as
+        Monarch's ``tcp`` does; :attr:`transport` tells them apart.
+        """
+        return monarch_name(self.transport)
+
+    @property
+    def transport(self) -> str:
+        """The transport a transfer from this process would use: ``ibverbs``, ``same_host`` or ``tcp``."""
         return choose_transport(self._handle).name
 
     def read_into(
-        self, dst: Any, *, offset: int = 0, timeout: float = DEFAULT_TIMEOUT
+        self, dst: Any, *, offset: int | None = None, timeout: float | None = DEFAULT_TIMEOUT
     ) -> Future[None]:
-        """Copy the buffer's bytes ``[offset, offset + len(dst))`` into local ``dst``.
+        """Copy this buffer into local ``dst``; a Future of None, done once every byte arrived.
 
-        The future completes once every byte has arrived, or fails with an
+        Without ``offset`` (Monarch's form), all ``size()`` bytes go to the
+        start of ``dst``, which must be at least that big; the rest of ``dst``
+        is left alone. With ``offset``, exactly ``len(dst)`` bytes from
+        ``offset`` are copied. A destination that does not fit raises
+        ValueError here, before anything moves; one that is not usable memory
+        raises UnsupportedMemoryError. The future fails with an
         :class:`~monarch.rdma.errors.RDMAError` (a timeout: ``RDMATimeoutError``).
-        A range outside the buffer raises ValueError here, before anything moves.
         """
         memory = as_memory(dst, "read_into destination", need_writable=True)
-        transfer.check_range(self._handle, offset, memory.size, "read_into")
+        start, memory = transfer.read_span(self._handle, memory, offset, "read_into")
         deadline = transfer.deadline_in(timeout)
-        return transfer.submit(transfer.read, self._handle, offset, memory, deadline)
+        return transfer.submit(transfer.read, self._handle, start, memory, deadline)
 
     def write_from(
-        self, src: Any, *, offset: int = 0, timeout: float = DEFAULT_TIMEOUT
+        self, src: Any, *, offset: int = 0, timeout: float | None = DEFAULT_TIMEOUT
     ) -> Future[None]:
-        """Copy local ``src`` into the buffer from ``offset``.
+        """Copy all of local ``src`` into this buffer from ``offset`` (default 0); a Future of None.
 
-        The future completes once the owner's memory holds every byte (the
-        owner acknowledges the full payload), or fails; a failed write may
-        have changed part of the range, but is never reported done.
+        ``src`` must fit (ValueError here otherwise, as in Monarch); the rest
+        of the buffer is left alone. The future completes once the owner's
+        memory holds every byte, or fails; a failed write may have changed
+        part of the range, but is never reported done.
         """
         memory = as_memory(src, "write_from source")
-        transfer.check_range(self._handle, offset, memory.size, "write_from")
+        transfer.check_range(self._handle, offset, memory.size, "write_from", "source")
         transfer.check_writable(self._handle, "write_from")
         deadline = transfer.deadline_in(timeout)
         return transfer.submit(transfer.write, self._handle, offset, memory, deadline)
 
-    def drop(self, *, timeout: float = DEFAULT_TIMEOUT) -> Future[None]:
+    def drop(self, *, timeout: float | None = DEFAULT_TIMEOUT) -> Future[None]:
         """Release the registration; later transfers by anyone fail with BufferDroppedError.
 
         Harmless if already dropped. In the owner it is done before this

@@ -1,10 +1,12 @@
-"""The exceptions ``monarch.rdma`` raises, all in one place.
+"""The exceptions (and warnings) ``monarch.rdma`` raises, all in one place.
 
 Every transfer failure is an :class:`RDMAError` (or, for a timeout, an
 :class:`RDMATimeoutError`, which is also a ``TimeoutError``), and its message
-names the buffer and its owner. Bad arguments (an offset out of range, a
-tensor of the wrong layout) are ``ValueError``/``TypeError`` raised by the
-caller's own call, before any byte moves.
+names the buffer and its owner. Bad arguments are raised by the caller's own
+call, before any byte moves: a size or offset that does not fit is a
+``ValueError`` (as in Monarch), memory that cannot be used (not 1-D, not
+contiguous, not a tensor or buffer) an :class:`UnsupportedMemoryError`, which
+is a ``ValueError`` as in Monarch and also a ``TypeError``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,31 @@ class TransportUnavailableError(RDMAError):
 
 class RDMATimeoutError(RDMAError, TimeoutError):
     """The transfer did not finish within its timeout; it was abandoned, not reported done."""
+
+
+class UnsupportedMemoryError(ValueError, TypeError):
+    """The object is not memory an RDMABuffer can register or a transfer can use; says how to fix it.
+
+    Monarch raises ``ValueError`` for these (a non-contiguous or 2-D tensor, a
+    list), so ``except ValueError`` written for Monarch catches it; it is also
+    a ``TypeError``, the usual Python error for an argument of the wrong kind.
+    """
+
+
+class RDMAReadTransferWarning(Warning):
+    """Monarch's name, kept so code that filters it imports; this implementation does not emit it."""
+
+
+class RDMAWriteTransferWarning(Warning):
+    """Monarch's name, kept so code that filters it imports; this implementation does not emit it."""
+
+
+class RDMATcpFallbackWarning(Warning):
+    """Monarch's name, kept so code that filters it imports; this implementation does not emit it.
+
+    Monarch warns on every host without ibverbs; here the fallback is usually
+    a direct same-host copy, not TCP, so there is nothing to warn about.
+    """
 
 
 class TransportDenied(RDMAError):

@@ -1,11 +1,17 @@
 """Local memory that the rdma layer reads from or writes into, checked once.
 
-``as_memory(obj)`` accepts what Monarch's RDMABuffer accepts, narrowed to
-bytes so that offsets mean one thing: a 1-D contiguous ``torch.uint8`` tensor
-(CPU, or CUDA when torch has it), or a 1-D byte-sized memoryview, bytearray or
-bytes (read-only). Anything else is a ``TypeError`` that says how to get
-there. The result knows the memory's address and size and keeps the owning
-object alive.
+``as_memory(obj)`` accepts what Monarch's RDMABuffer accepts: a 1-D
+contiguous ``torch.Tensor`` of any dtype (CPU, or CUDA when torch has it;
+views and slices included, as long as they are contiguous), or a 1-D
+C-contiguous memoryview of one-byte items; and, beyond Monarch, a bytearray,
+or ``bytes`` (read-only). Sizes and offsets are always in bytes
+(``numel() * element_size()`` for a tensor). Anything else is an
+:class:`~monarch.rdma.errors.UnsupportedMemoryError` (a ``ValueError``, as in
+Monarch, and a ``TypeError``) that says how to get there. The result knows
+the memory's address and size and keeps the owning object alive.
+
+torch is never imported here: a tensor can only be one if torch is loaded
+already, so byte buffers work in processes that never import it.
 
 Transports only move bytes between CPU memoryviews; CUDA memory is staged
 through a CPU copy here (:meth:`Memory.cpu_view` / :meth:`Memory.commit`).
@@ -18,11 +24,11 @@ import sys
 from typing import Any
 
 from monarch.broker.buffers import buffer_address
+from monarch.rdma.errors import UnsupportedMemoryError
 
 _HINT = (
-    "pass a 1-D contiguous uint8 view of the bytes: t.view(torch.uint8).flatten() for a "
-    "contiguous tensor t (t.contiguous() first if it is not), memoryview(x).cast('B') "
-    "for a buffer"
+    "pass a 1-D contiguous tensor (t.contiguous().view(-1), or t.view(torch.uint8).flatten() "
+    "for its bytes) or a 1-D contiguous memoryview of bytes (memoryview(x).cast('B'))"
 )
 
 
@@ -68,6 +74,14 @@ class Memory:
             staged.copy_(self.obj[start:stop])
         return memoryview(staged.numpy())
 
+    def head(self, size: int) -> Memory:
+        """The first ``size`` bytes of this memory (``size`` <= ``self.size``)."""
+        if size == self.size:
+            return self
+        if self.is_cpu:
+            return Memory(self.obj, self.addr, size, self.device, self.writable, self.view()[:size])
+        return Memory(self.obj[:size], self.addr, size, self.device, self.writable, None)
+
     def commit(self, start: int, staged: memoryview) -> None:
         """Copy ``staged`` (from :meth:`cpu_view` with ``fill=False``) back to device memory."""
         if self.is_cpu:
@@ -83,7 +97,7 @@ class Memory:
 
 
 def as_memory(obj: Any, what: str = "memory", *, need_writable: bool = False) -> Memory:
-    """Check ``obj`` and describe its bytes; TypeError (saying what to do) if it is not usable."""
+    """Check ``obj`` and describe its bytes; UnsupportedMemoryError (saying what to do) if unusable."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
         return _tensor_memory(torch, obj, what)
@@ -93,17 +107,19 @@ def as_memory(obj: Any, what: str = "memory", *, need_writable: bool = False) ->
         try:
             view = memoryview(obj)
         except TypeError:
-            raise TypeError(
+            raise UnsupportedMemoryError(
                 f"{what} must be a torch.Tensor, memoryview, bytearray or bytes, not "
                 f"{type(obj).__name__}: {_HINT}"
             ) from None
     if view.ndim != 1 or view.itemsize != 1 or not view.c_contiguous:
-        raise TypeError(
+        raise UnsupportedMemoryError(
             f"{what} must be 1-D, contiguous, one byte per item (got ndim={view.ndim}, "
             f"itemsize={view.itemsize}, contiguous={view.c_contiguous}): {_HINT}"
         )
     if need_writable and view.readonly:
-        raise TypeError(f"{what} is read-only; it must be writable (a bytearray, not bytes)")
+        raise UnsupportedMemoryError(
+            f"{what} is read-only; it must be writable (a bytearray, not bytes)"
+        )
     view = view.cast("B") if view.format != "B" else view
     addr = buffer_address(view) if view.nbytes else 0
     return Memory(obj, addr, view.nbytes, "cpu", not view.readonly, view)
@@ -111,13 +127,23 @@ def as_memory(obj: Any, what: str = "memory", *, need_writable: bool = False) ->
 
 def _tensor_memory(torch: Any, t: Any, what: str) -> Memory:
     if t.layout != torch.strided or t.is_meta or t.is_quantized:
-        raise TypeError(f"{what}: a {t.layout} tensor has no plain bytes to register: {_HINT}")
-    if t.dtype != torch.uint8 or t.dim() != 1 or not t.is_contiguous():
-        raise TypeError(
-            f"{what} must be a 1-D contiguous torch.uint8 tensor, got dtype={t.dtype}, "
-            f"shape={tuple(t.shape)}, contiguous={t.is_contiguous()}: {_HINT}"
+        kind = "meta" if t.is_meta else "quantized" if t.is_quantized else str(t.layout)
+        raise UnsupportedMemoryError(f"{what}: a {kind} tensor has no plain bytes to use: {_HINT}")
+    if t.dim() != 1 or not t.is_contiguous():
+        raise UnsupportedMemoryError(
+            f"{what} must be a 1-D contiguous tensor, got shape={tuple(t.shape)}, "
+            f"stride={tuple(t.stride())}, contiguous={t.is_contiguous()}: {_HINT}"
+        )
+    if t.is_conj() or t.is_neg():
+        raise UnsupportedMemoryError(
+            f"{what}: a lazily conjugated or negated tensor's memory does not hold its values; "
+            "call t.resolve_conj() / t.resolve_neg() first"
         )
     device = t.device.type if t.device.index is None else f"{t.device.type}:{t.device.index}"
     if t.device.type not in ("cpu", "cuda"):
-        raise TypeError(f"{what}: tensors on {device} are not supported (CPU and CUDA are)")
-    return Memory(t, t.data_ptr(), t.numel(), device, True, None)
+        raise UnsupportedMemoryError(
+            f"{what}: tensors on {device} are not supported (CPU and CUDA are)"
+        )
+    # The bytes of the tensor, whatever its dtype (a view: same storage, kept alive with it).
+    data = t.detach().view(torch.uint8) if t.dtype != torch.uint8 else t.detach()
+    return Memory(data, t.data_ptr(), data.numel(), device, True, None)

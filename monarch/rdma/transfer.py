@@ -75,17 +75,53 @@ def submit(fn: Callable[..., T], *args: Any) -> TransferFuture[T]:
 
 
 def deadline_in(timeout: float | None) -> float:
-    return time.monotonic() + (1e9 if timeout is None else float(timeout))
+    return time.monotonic() + (1e9 if timeout is None else check_timeout(timeout))
 
 
-def check_range(handle: BufferHandle, offset: Any, length: int, what: str) -> None:
+def check_timeout(timeout: Any) -> float:
+    """``timeout`` in seconds, checked: a negative one is an OverflowError, as in Monarch."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
+    if timeout < 0:
+        raise OverflowError(f"timeout must not be negative, got {timeout}")
+    return float(timeout)
+
+
+def check_range(handle: BufferHandle, offset: Any, length: int, what: str, role: str = "") -> None:
+    """``[offset, offset + length)`` must lie in the buffer (``role``: whose local size it is)."""
     if isinstance(offset, bool) or not isinstance(offset, int):
         raise TypeError(f"{what}: offset must be an int, not {type(offset).__name__}")
     if offset < 0 or offset + length > handle.size:
-        raise ValueError(
-            f"{what}: bytes [{offset}, {offset + length}) are outside {handle.describe()}, whose "
-            f"valid range is [0, {handle.size})"
+        local = (
+            f"{role} local memory size ({length}) at offset {offset} does not fit: " if role else ""
         )
+        raise ValueError(
+            f"{what}: {local}bytes [{offset}, {offset + length}) are outside "
+            f"{handle.describe()}, whose valid range is [0, {handle.size})"
+        )
+
+
+def check_holds_all(handle: BufferHandle, length: int, what: str) -> None:
+    """Monarch's read rule: the destination must hold the whole buffer."""
+    if length < handle.size:
+        raise ValueError(
+            f"{what}: destination local memory size ({length}) must be >= remote buffer size "
+            f"({handle.size}) of {handle.describe()}; pass offset= to read part of it"
+        )
+
+
+def read_span(handle: BufferHandle, dst: Memory, offset: Any, what: str) -> tuple[int, Memory]:
+    """Where a read starts and the local memory it fills, checked.
+
+    Monarch's form (``offset`` None): the whole buffer, into the first
+    ``size()`` bytes of ``dst``, which must hold that many. With an
+    ``offset``: exactly ``len(dst)`` bytes from ``offset``, which must fit.
+    """
+    if offset is None:
+        check_holds_all(handle, dst.size, what)
+        return 0, dst.head(handle.size)
+    check_range(handle, offset, dst.size, what, "destination")
+    return offset, dst
 
 
 def check_writable(handle: BufferHandle, what: str) -> None:

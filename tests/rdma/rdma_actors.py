@@ -79,8 +79,8 @@ class BufferOwner(Actor):
         return "no error"
 
     @endpoint
-    def backend(self, buf: RDMABuffer) -> str:
-        return buf.backend
+    def transport(self, buf: RDMABuffer) -> str:
+        return buf.transport
 
     @endpoint
     def add_many(self, buf: RDMABuffer, times: int) -> list[int]:

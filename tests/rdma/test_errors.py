@@ -59,12 +59,12 @@ def test_owner_process_gone(other_owner, monkeypatch, transport):
     monkeypatch.setenv("MONARCH_RDMA_TRANSPORT", transport)
     proc, buf = other_owner
     dst = bytearray(16)
-    buf.read_into(dst).get(timeout=30)
+    buf.read_into(dst, offset=0).get(timeout=30)
     assert dst == b"owned elsewhere "
     proc.stdin.close()
     proc.wait(20)
     with pytest.raises(OwnerGoneError, match="exited"):
-        buf.read_into(dst).get(timeout=30)
+        buf.read_into(dst, offset=0).get(timeout=30)
     with pytest.raises(OwnerGoneError):
         buf.write_from(b"x").get(timeout=30)
 
@@ -72,17 +72,17 @@ def test_owner_process_gone(other_owner, monkeypatch, transport):
 def test_stopped_owner_times_out_instead_of_hanging(other_owner, monkeypatch):
     monkeypatch.setenv("MONARCH_RDMA_TRANSPORT", "tcp")  # same_host needs no help from the owner
     proc, buf = other_owner
-    buf.read_into(bytearray(4)).get(timeout=30)
+    buf.read_into(bytearray(4), offset=0).get(timeout=30)
     os.kill(proc.pid, signal.SIGSTOP)
     assert wait_until(lambda: _state(proc.pid) == "T")  # the signal takes effect asynchronously
     with pytest.raises(RDMATimeoutError) as info:
-        buf.read_into(bytearray(4), timeout=0.5).get(timeout=30)
+        buf.read_into(bytearray(4), offset=0, timeout=0.5).get(timeout=30)
     assert isinstance(info.value, TimeoutError)
     with pytest.raises(TimeoutError):
         buf.write_from(b"abcd", timeout=0.5).get(timeout=30)
     os.kill(proc.pid, signal.SIGCONT)
     dst = bytearray(5)
-    buf.read_into(dst).get(timeout=30)  # usable again once the owner runs
+    buf.read_into(dst, offset=0).get(timeout=30)  # usable again once the owner runs
     assert dst == b"owned"
 
 

@@ -16,6 +16,7 @@ from monarch.rdma import (
     RDMABuffer,
     TransportUnavailableError,
     get_rdma_backend,
+    get_rdma_transport,
     is_ibverbs_available,
 )
 from monarch.rdma import transports as tr
@@ -26,7 +27,7 @@ from tests.rdma.rdma_actors import pattern
 def test_actor_owned_buffer_read_and_written_by_the_client(owners, transport):
     buf = owners.slice(gpus=0).make.call_one("a", 1 << 20, 3).get(timeout=30)
     assert isinstance(buf, RDMABuffer) and buf.owner.startswith("rdmaprocs-")
-    assert buf.backend == transport
+    assert buf.transport == transport and buf.backend == "tcp"
     dst = torch.zeros(1 << 20, dtype=torch.uint8)
     buf.read_into(dst).get(timeout=30)
     assert torch.equal(dst, pattern(1 << 20, 3))
@@ -46,7 +47,7 @@ def test_client_owned_buffer_read_and_written_by_actors(owners, transport):
     try:
         got = owners.read.call(buf, 1000, 50_000).get(timeout=30)
         assert list(got.values()) == [bytes(t[1000:51000].numpy())] * 2
-        assert set(owners.backend.call(buf).get(timeout=30).values()) == {transport}
+        assert set(owners.transport.call(buf).get(timeout=30).values()) == {transport}
         owners.slice(gpus=1).write.call_one(buf, b"\x01\x02\x03", 7).get(timeout=30)
         assert t[7:10].tolist() == [1, 2, 3]
     finally:
@@ -77,7 +78,7 @@ def test_drop_by_a_reader_releases_the_owners_registration(owners, transport):
 
 def test_auto_prefers_same_host_and_falls_back_to_tcp(owners):
     buf = owners.slice(gpus=0).make.call_one("auto", 64).get(timeout=30)
-    assert get_rdma_backend() == "same_host"
+    assert get_rdma_transport() == "same_host" and get_rdma_backend() == "tcp"
     assert choose_transport(buf.handle).name == "same_host"
     elsewhere = dataclasses.replace(buf.handle, host_id="another-host")
     assert choose_transport(elsewhere).name == "tcp"
@@ -241,7 +242,7 @@ def test_cuda_buffers_and_cuda_destinations(owners):
     t = pattern(1 << 20, 8).cuda()
     buf = RDMABuffer(t)
     try:
-        assert buf.backend == "tcp"
+        assert buf.transport == "tcp"
         got = owners.slice(gpus=0).read.call_one(buf, 10, 1000).get(timeout=30)
         assert got == bytes(pattern(1 << 20, 8)[10:1010].numpy())
         owners.slice(gpus=1).write.call_one(buf, b"\x07" * 8, 0).get(timeout=30)
