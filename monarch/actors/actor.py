@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 from typing import Any
+
+from monarch.actors.endpoint import endpoints_of
 
 
 class Actor:
@@ -30,9 +33,30 @@ class Actor:
 
 
 def check_actor_class(cls: Any) -> type:
+    """What ``spawn`` refuses before anything is sent (``TypeError``, ``ValueError``)."""
     if not (isinstance(cls, type) and issubclass(cls, Actor)):
         raise TypeError(f"spawn() needs a subclass of monarch.actor.Actor, got {cls!r}")
+    _check_hooks_match_endpoints(cls)
     return cls
+
+
+def _check_hooks_match_endpoints(cls: type) -> None:
+    """An actor with sync endpoints needs sync hooks, as Monarch requires (``ValueError``).
+
+    Monarch also refuses a class that mixes sync and async endpoints, or has
+    async endpoints and a sync ``__cleanup__``. This runtime runs both kinds
+    safely (sync code on the actor's thread, async code on the loop) and
+    accepts those classes: a script written for Monarch never has them.
+    """
+    sync = sorted(name for name, prop in endpoints_of(cls).items() if not prop.is_async)
+    if not sync:
+        return
+    for hook in ("__cleanup__", "__supervise__"):
+        if inspect.iscoroutinefunction(getattr(cls, hook, None)):
+            raise ValueError(
+                f"{cls} has sync endpoints, but an async {hook}. Make sure {hook} is also "
+                f"synchronous (an actor's hooks run the way its endpoints do). sync: {sync}"
+            )
 
 
 def class_ref(cls: type) -> Any:

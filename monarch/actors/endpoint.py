@@ -176,11 +176,27 @@ def concurrent_endpoint(method: Callable[..., Any] | None = None, **options: Any
 
     For ``async`` methods that wait on I/O or other actors: the actor takes its
     next message while this one awaits. Tasks still running when the actor
-    stops are cancelled before ``__cleanup__`` runs.
+    stops are cancelled before ``__cleanup__`` runs. It takes ``@endpoint``'s
+    options itself; as in Monarch, it raises ``ValueError`` where the class is
+    defined if it wraps a sync method or an ``@endpoint``.
     """
     if method is not None:
-        return EndpointProperty(method, concurrent=True, **options)
-    return lambda m: EndpointProperty(m, concurrent=True, **options)
+        return _concurrent(method, options)
+    return lambda m: _concurrent(m, options)
+
+
+def _concurrent(method: Any, options: dict[str, Any]) -> EndpointProperty:
+    if isinstance(method, EndpointProperty):
+        raise ValueError(
+            "concurrent_endpoint does not wrap @endpoint; pass endpoint options to "
+            f"@concurrent_endpoint (on {method.name!r})"
+        )
+    if not inspect.iscoroutinefunction(method):
+        raise ValueError(
+            "concurrent_endpoint can only wrap async endpoints: make "
+            f"{getattr(method, '__qualname__', method)!r} an async def, or use @endpoint"
+        )
+    return EndpointProperty(method, concurrent=True, **options)
 
 
 def as_endpoint(

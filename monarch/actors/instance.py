@@ -17,7 +17,10 @@ is reported to its owner (``on_failure``).
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import gc
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -66,7 +69,15 @@ class ActorInstance:
     """One live actor in this proc."""
 
     def __init__(
-        self, rt: Runtime, *, name: str, uid: str, rank: int, extent: Extent, cls: type
+        self,
+        rt: Runtime,
+        *,
+        name: str,
+        uid: str,
+        rank: int,
+        extent: Extent,
+        cls: type,
+        proc_mesh: Any = None,
     ) -> None:
         self.rt = rt
         self.name = name
@@ -83,6 +94,8 @@ class ActorInstance:
             rank=self.point,
             proc_uid=rt.proc_uid,
             _stop=self.request_stop,
+            _abort=self.abort,
+            _proc_mesh=proc_mesh,  # context().actor_instance.proc_mesh
         )
         self.obj: Any = None
         self.subscriptions: list[Any] = []
@@ -109,10 +122,17 @@ class ActorInstance:
     async def call_on_actor(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` in the actor's turn (on its thread for sync code)."""
         done = self.rt.loop.create_future()
+        if asyncio.iscoroutinefunction(fn):  # e.g. ``async def __cleanup__``: awaited on the loop
 
-        def in_context(*a: Any) -> Any:
-            set_context(Context(self.info, self.point))
-            return fn(*a)
+            async def in_context(*a: Any) -> Any:
+                set_context(Context(self.info, self.point))
+                return await fn(*a)
+
+        else:
+
+            def in_context(*a: Any) -> Any:
+                set_context(Context(self.info, self.point))
+                return fn(*a)
 
         self._runner.put(Job(in_context, args, done))
         return await done
@@ -179,6 +199,21 @@ class ActorInstance:
         """``context().actor_instance.stop()``: stop after the current message."""
         self._stop_requested = True
 
+    def abort(self, reason: str | None = None) -> None:
+        """``context().actor_instance.abort(reason)``: fail this actor, as in Monarch.
+
+        Callable from the actor's own code (any thread). The endpoint that calls
+        it still finishes; then the actor refuses further messages, cleans up,
+        and its owner's ``__supervise__`` sees the failure with ``reason``.
+        """
+        err = SupervisionError(
+            f"actor {self.actor_id} ({self.cls.__name__}) aborted: "
+            f"{reason if reason is not None else 'no reason provided'}",
+            actor_id=self.actor_id,
+            rank=self.rank,
+        )
+        self.rt.call_soon(self.fail, err)
+
     async def stop(self, timeout: float, exc: BaseException | None = None) -> None:
         """Handle what is already queued, cancel concurrent tasks, stop owned meshes,
         run ``__cleanup__``. Bounded by ``timeout``: a mailbox that does not drain in
@@ -186,6 +221,7 @@ class ActorInstance:
         if self._done:  # failed earlier: cleanup already ran
             await self._unsubscribe()
             self._close_runner()
+            self._release()
             return
         self._done = True
         await self._unsubscribe()
@@ -206,6 +242,7 @@ class ActorInstance:
         if drained.done():
             await self._cleanup(exc)
         self._close_runner()
+        self._release()
         if self.on_stopped is not None:
             self.on_stopped(self)
 
@@ -237,6 +274,19 @@ class ActorInstance:
             t.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _release(self) -> None:
+        """Drop the actor object, so that its ``__del__`` runs before the proc exits."""
+        obj, self.obj, self.info._actor = self.obj, None, None
+        if obj is None:
+            return
+        try:
+            alive = weakref.ref(obj)
+        except TypeError:  # a class with __slots__ and no __weakref__: nothing to check
+            return
+        del obj
+        if alive() is not None:  # held by a reference cycle: collect it now
+            gc.collect()
 
     async def _cleanup(self, exc: BaseException | None) -> None:
         hook = getattr(self.obj, "__cleanup__", None)
@@ -331,7 +381,9 @@ class ActorInstance:
             if asyncio.iscoroutinefunction(hook):
                 set_context(Context(self.info, self.point))
                 return bool(await hook(failure)), None
-            return bool(await self.rt.loop.run_in_executor(None, hook, failure)), None
+            ctx = contextvars.copy_context()  # the executor's thread has none of ours
+            ctx.run(set_context, Context(self.info, self.point))
+            return bool(await self.rt.loop.run_in_executor(None, ctx.run, hook, failure)), None
         except Exception as e:
             return False, e
 

@@ -15,7 +15,7 @@ import math
 from typing import Any
 
 from monarch.actors.actor import Actor
-from monarch.actors.context import current_rank, current_size
+from monarch.actors.context import Context, context, current_rank, current_size, set_context
 from monarch.actors.endpoint import endpoint
 
 
@@ -30,6 +30,10 @@ class TensorWorker(Actor):
     @endpoint
     def run(self, batch: list) -> None:
         """A batch of encoded op entries (broadcast, fire-and-forget). Never raises."""
+        # Ops (remote functions too) run as this proc, at its point in the whole proc
+        # mesh: current_rank() there names the shard, whatever slice the batch went to.
+        me = context().actor_instance
+        set_context(Context(me, me.rank))
         self._x.run(batch)
 
     @endpoint

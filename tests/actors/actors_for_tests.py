@@ -6,7 +6,7 @@ import asyncio
 import os
 import sys
 
-from monarch.actor import Actor, context, current_rank, current_size, endpoint
+from monarch.actor import Actor, context, current_rank, endpoint
 
 
 class Echo(Actor):
@@ -22,9 +22,9 @@ class Echo(Actor):
     def whoami(self) -> dict:
         ctx = context()
         return {
-            "rank": current_rank().rank,
-            "point": dict(current_rank()),
-            "size": current_size(),
+            "rank": ctx.actor_instance.rank.rank,  # the actor's own point, not the message's
+            "point": dict(ctx.actor_instance.rank),
+            "size": dict(ctx.actor_instance.rank.extent),
             "message_rank": ctx.message_rank.rank,
             "message_extent": dict(ctx.message_rank.extent),
             "actor_id": ctx.actor_instance.actor_id,

@@ -179,7 +179,7 @@ def test_context_instance_logger_and_names(procs, tmp_path):
     life = procs.spawn("life", Lifecycle, str(tmp_path / "l")).slice(gpus=2)
     info = life.info.call_one().get(timeout=30)
     assert info["name"] == "life"
-    assert info["current_actor_name"] == "life"
+    assert info["current_actor_name"] == info["actor_id"]  # one per rank, as in Monarch
     assert info["rank"] == 2
     assert info["actor_id"].startswith("life.") and info["actor_id"].endswith("[2]")
     assert info["proc"].startswith("<ProcMesh")

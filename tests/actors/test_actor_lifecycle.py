@@ -1,0 +1,156 @@
+"""An actor's life as Monarch runs it: async ``__cleanup__``, cleanup after
+cancelled concurrent endpoints, ``__del__`` at proc stop, ``abort``, and the
+one thread its sync endpoints run on."""
+
+from __future__ import annotations
+
+import pytest
+
+from monarch.actor import (
+    Actor,
+    ActorError,
+    SupervisionError,
+    concurrent_endpoint,
+    context,
+    endpoint,
+    this_host,
+)
+from tests.actors.lifecycle_actors import (
+    Aborter,
+    AsyncAborter,
+    AsyncCleanup,
+    CancelledThenCleanup,
+    Finalized,
+    ProcInfo,
+    SyncEndpointsAsyncCleanup,
+    SyncEndpointsAsyncSupervise,
+    ThreadLocal,
+)
+
+
+@pytest.fixture
+def procs(nats_url):
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    yield pm
+    pm.stop().get(timeout=60)
+
+
+def test_async_cleanup_is_awaited_when_the_proc_mesh_stops(nats_url, tmp_path):
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    mesh = pm.spawn("acleanup", AsyncCleanup, str(tmp_path / "mark"))
+    assert list(mesh.ping.call().get(timeout=30).values()) == ["pong", "pong"]
+    pm.stop().get(timeout=60)
+    for rank in (0, 1):
+        assert (tmp_path / f"mark.{rank}").read_text() == "async cleanup exc=None"
+
+
+def test_async_cleanup_is_awaited_when_the_actor_mesh_stops(procs, tmp_path):
+    mesh = procs.spawn("acleanup_mesh", AsyncCleanup, str(tmp_path / "mark"))
+    mesh.ping.call().get(timeout=30)
+    mesh.stop().get(timeout=60)
+    for rank in (0, 1):
+        assert (tmp_path / f"mark.{rank}").read_text() == "async cleanup exc=None"
+
+
+def test_concurrent_endpoint_is_cancelled_before_async_cleanup(nats_url, tmp_path):
+    path = tmp_path / "log"
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    gate = pm.spawn("gate", CancelledThenCleanup, str(path))
+    assert gate.wait.call_one().get(timeout=30) == "started"
+    pm.stop().get(timeout=60)
+    assert path.read_text() == "cancelled\ncleanup\n"
+
+
+def test_finalizers_run_when_the_proc_mesh_stops(nats_url, tmp_path):
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    mesh = pm.spawn("finalized", Finalized, str(tmp_path))
+    pids = sorted(mesh.pid.call().get(timeout=30).values())
+    pm.stop().get(timeout=60)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"del-{pid}" for pid in pids]
+
+
+@pytest.mark.parametrize(
+    ("cls", "reason"),
+    [(Aborter, None), (Aborter, "the data is corrupt"), (AsyncAborter, "the disk is full")],
+)
+def test_abort_fails_the_actor_and_tells_its_owner(procs, root_faults, cls, reason):
+    mesh = procs.spawn("aborter", cls)
+    target = mesh.slice(gpus=1)
+    # The aborting call may finish before the failure, or be refused by it.
+    try:
+        assert target.abort.call_one(reason).get(timeout=30) == "abort requested"
+    except SupervisionError:
+        pass
+    (failure,) = root_faults.wait(1)
+    assert failure.mesh_name == "aborter" and failure.ranks == [1]
+    assert cls.__name__ in failure.report()
+    assert (reason or "no reason provided") in failure.report()
+    with pytest.raises(SupervisionError, match="aborted"):
+        target.ping.call_one().get(timeout=30)
+    assert mesh.slice(gpus=0).ping.call_one().get(timeout=30) == "pong"
+
+
+def test_client_cannot_abort_itself(nats_url):
+    with pytest.raises(RuntimeError, match="cannot abort"):
+        context().actor_instance.abort("no")
+
+
+def test_sync_endpoints_keep_their_thread_and_its_thread_locals(procs):
+    one = procs.spawn("tls", ThreadLocal).slice(gpus=0)
+    replies = [one.incr.call_one().get(timeout=30) for _ in range(5)]
+    assert [count for count, _ in replies] == [1, 2, 3, 4, 5]
+    assert len({thread for _, thread in replies}) == 1
+
+
+def test_proc_mesh_of_the_client_and_inside_an_actor(procs):
+    assert dict(context().actor_instance.proc_mesh.extent) == {}
+    info = procs.spawn("procinfo", ProcInfo).slice(gpus=1)
+    with pytest.raises(ActorError, match="cannot be referenced from its procs"):
+        info.info.call_one().get(timeout=30)
+
+
+# -- what Monarch refuses where a class is defined or spawned -------------------------
+
+
+def test_concurrent_endpoint_refuses_a_sync_method():
+    with pytest.raises(ValueError, match="can only wrap async endpoints"):
+
+        class SyncConcurrent(Actor):
+            @concurrent_endpoint
+            def ping(self) -> str:
+                return "pong"
+
+    with pytest.raises(ValueError, match="can only wrap async endpoints"):
+
+        class SyncConcurrentWithOptions(Actor):
+            @concurrent_endpoint(explicit_response_port=True)
+            def ping(self, port) -> None:
+                port.send("pong")
+
+
+def test_concurrent_endpoint_refuses_to_wrap_an_endpoint():
+    with pytest.raises(ValueError, match="does not wrap @endpoint"):
+
+        class Chained(Actor):
+            @concurrent_endpoint
+            @endpoint
+            async def ping(self) -> str:
+                return "pong"
+
+    with pytest.raises(ValueError, match="does not wrap @endpoint"):
+
+        class ChainedWithOptions(Actor):
+            @concurrent_endpoint(explicit_response_port=True)
+            @endpoint
+            async def ping(self, port) -> None:
+                port.send("pong")
+
+
+@pytest.mark.parametrize(
+    ("cls", "hook"),
+    [(SyncEndpointsAsyncCleanup, "__cleanup__"), (SyncEndpointsAsyncSupervise, "__supervise__")],
+)
+def test_spawn_refuses_sync_endpoints_with_an_async_hook(procs, cls, hook):
+    with pytest.raises(ValueError, match=f"has sync endpoints, but an async {hook}") as info:
+        procs.spawn("refused", cls)
+    assert "sync: ['ping']" in str(info.value)
