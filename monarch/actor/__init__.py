@@ -43,7 +43,7 @@ from monarch.actors.errors import (
     SupervisionError,
 )
 from monarch.actors.future import Future
-from monarch.actors.host_mesh import HostMesh, this_host
+from monarch.actors.host_mesh import HostMesh, default_bootstrap_cmd, this_host
 from monarch.actors.ports import Channel, Port, PortReceiver
 from monarch.actors.proc_mesh import ProcMesh, this_proc
 from monarch.actors.runtime import shutdown_context
@@ -93,6 +93,7 @@ __all__ = [
     "current_actor_name",
     "current_rank",
     "current_size",
+    "default_bootstrap_cmd",
     "debug_controller",
     "enable_transport",
     "endpoint",

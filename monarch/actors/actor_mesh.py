@@ -449,6 +449,11 @@ class ActorMesh(MeshShapeOps, Generic[A]):
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name!r} of {self._class_name} {self._view.extent!r}>"
 
+    def __reduce__(self) -> tuple:
+        """Pickle as a reference (the fields of its ext type), so a mesh travels inside
+        any picklable value (a dataclass, an object holding a list of meshes...)."""
+        return (_decode_mesh, (_encode_mesh(self),))
+
     def stop(self) -> Future[None]:
         """Stop these actors (not their procs): queued messages are handled, then ``__cleanup__``."""
         st = self._state
@@ -549,6 +554,11 @@ def spawn_error(name: str, rank: int, err: BaseException) -> SpawnError:
 
 
 # -- references travel as their own msgpack extension type ------------------------
+#
+# At top level and inside lists, dicts and tuples a reference is this ext; inside
+# anything that falls back to cloudpickle, ``ActorMesh.__reduce__`` hands pickle the
+# same fields and ``_decode_mesh`` as the function that rebuilds it, so both paths
+# make the same reference where it lands.
 
 _MESH_EXT = 16
 

@@ -6,36 +6,239 @@ proc mesh of extent ``{'gpus': 4}``. On one machine with no host agent the
 client starts the procs itself as child processes. A host mesh of registered
 host agents (``attach_to_workers``, :mod:`monarch.hosts.attach`) has extent
 ``{'hosts': H}`` and starts its procs through those agents.
+
+A ``HostMesh`` travels as a reference (an endpoint argument or return value,
+alone or inside any picklable value); only the mesh ``attach_to_workers``
+returned, unsliced, is *owned* and may be shut down. On this machine procs
+can be started with a command other than the default (:class:`BootstrapCommand`,
+``with_python_executable``) and bound to CPUs (``proc_bind``); host agents
+start theirs with their own Python, unbound.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import functools
 import math
-from typing import Any
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, Union
 
 from monarch.actors.future import Future
-from monarch.actors.launcher import LocalLauncher
+from monarch.actors.launcher import LocalLauncher, ProcHandle, _launcher, _settle, proc_env
 from monarch.actors.mesh_ops import MeshShapeOps
 from monarch.actors.proc_mesh import ProcMesh, ProcMeshState
 from monarch.actors.runtime import runtime
-from monarch.actors.shape import Extent, View
+from monarch.actors.shape import Extent, Point, View
 from monarch.broker import subjects
+from monarch.broker._pdeathsig import child_dies_with_parent
+from monarch.broker.codec import register_ext
+from monarch.broker.config import settings
+
+_PYTHON_ENV = "MONARCH_PROC_PYTHON"  # procs started with_python_executable start theirs so too
+
+
+@dataclasses.dataclass(frozen=True)
+class BootstrapCommand:
+    """How a proc is started on this machine: ``program args... --uid U --ready S``.
+
+    ``env`` is applied on top of the environment the proc inherits (a
+    ``None`` value removes a variable); with ``inherit_env=False`` the proc
+    starts from an empty environment plus what monarch needs (``MONARCH_*``,
+    ``PYTHONPATH``). ``arg0``, when set, is the proc's ``argv[0]``.
+    """
+
+    program: str
+    arg0: str | None = None
+    args: list[str] = dataclasses.field(default_factory=list)
+    env: dict[str, str | None] = dataclasses.field(default_factory=dict)
+    inherit_env: bool = True
+
+    def with_env(self, env: dict[str, str | None]) -> BootstrapCommand:
+        """A copy with ``env`` merged into this command's ``env`` (this one is unchanged)."""
+        return dataclasses.replace(self, env={**self.env, **env})
+
+
+BootstrapSpec = Union[BootstrapCommand, Callable[[Point], BootstrapCommand]]
+
+
+def default_bootstrap_cmd() -> BootstrapCommand:
+    """The command procs are started with by default: this Python, ``-m monarch.actors.proc``."""
+    return BootstrapCommand(sys.executable, None, ["-m", "monarch.actors.proc"], {}, True)
+
+
+def _cpu_list(text: str) -> set[int]:
+    """``"0-3,8"`` (the kernel's and numactl's CPU-list format) as a set of CPUs."""
+    cpus: set[int] = set()
+    for part in str(text).replace(" ", "").split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def _check_binds(binds: list[dict[str, str]], per_host: int) -> list[set[int]]:
+    """``proc_bind`` as Monarch takes it: one dict per proc of a host; the CPUs of each."""
+    if len(binds) != per_host:
+        raise ValueError(f"proc_bind length ({len(binds)}) must equal procs_per_host ({per_host})")
+    out = []
+    for bind in binds:
+        numa = sorted(set(bind) & {"cpunodebind", "membind"})
+        if numa:
+            raise NotImplementedError(
+                f"proc_bind {numa} (NUMA binding) is not available in monarch over NATS yet: "
+                "bind CPUs with 'cpus' / 'physcpubind', or start procs under numactl with a "
+                "bootstrap_command"
+            )
+        unknown = sorted(set(bind) - {"cpus", "physcpubind"})
+        if unknown:
+            raise ValueError(f"unknown proc_bind key(s) {unknown}")
+        cpus = set()
+        for key in ("cpus", "physcpubind"):
+            if key in bind:
+                cpus |= _cpu_list(bind[key])
+        out.append(cpus)
+    return out
+
+
+def _start_child(me: int, tie: bool, cpus: set[int] | None) -> None:
+    """In the child before exec: die with this process (if asked), run on ``cpus``."""
+    if tie:
+        child_dies_with_parent(me)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
+class CommandLauncher(LocalLauncher):
+    """Starts procs as children of this process with a :class:`BootstrapCommand` per rank.
+
+    The default launcher forks procs from a warm template process (the zygote),
+    which runs this Python; a proc with its own command, or bound to CPUs
+    (``binds``: the CPUs of each proc of a host), is started afresh.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        command: BootstrapSpec | None,
+        binds: list[set[int]] | None = None,
+    ) -> None:
+        super().__init__(loop)
+        self.command = command or default_bootstrap_cmd()
+        self.binds = binds
+
+    def _cmd(self, extent: Extent, rank: int) -> BootstrapCommand:
+        cmd = self.command
+        cmd = cmd(Point(rank, extent)) if callable(cmd) else cmd
+        if not isinstance(cmd, BootstrapCommand):
+            raise TypeError(f"bootstrap_command gave {cmd!r}, not a BootstrapCommand")
+        return cmd
+
+    def _env(self, cmd: BootstrapCommand, extent: Extent, rank: int) -> dict[str, str]:
+        env = proc_env(extent, rank)
+        if not cmd.inherit_env:
+            env = {k: v for k, v in env.items() if k.startswith("MONARCH_") or k == "PYTHONPATH"}
+        for k, v in cmd.env.items():
+            if v is None:
+                env.pop(k, None)
+            else:
+                env[k] = v
+        return env
+
+    async def launch(
+        self,
+        uids: list[str],
+        ready_subject: str,
+        extent: Extent,
+        on_exit: Callable[[ProcHandle, int], None],
+    ) -> list[ProcHandle]:
+        handles = [ProcHandle(uid, rank) for rank, uid in enumerate(uids)]
+        cmds = [self._cmd(extent, h.rank) for h in handles]  # a bad command fails here
+        tie, me = settings().die_with_parent, os.getpid()
+
+        def start_all() -> None:
+            for h, cmd in zip(handles, cmds):
+                h.popen = subprocess.Popen(
+                    [cmd.arg0 or cmd.program, *cmd.args, "--uid", h.uid, "--ready", ready_subject],
+                    executable=cmd.program,
+                    env=self._env(cmd, extent, h.rank),
+                    stdin=subprocess.DEVNULL,
+                    preexec_fn=functools.partial(_start_child, me, tie, self._cpus(h.rank)),
+                    start_new_session=True,  # as the default launcher: Ctrl-C reaches the client
+                )
+                threading.Thread(
+                    target=self._reap, args=(h, on_exit), name=f"reaper-{h.uid}", daemon=True
+                ).start()
+
+        # On the launcher's one long-lived thread, as the default launcher does: the
+        # children's parent-death signal fires when the thread that started them ends.
+        done = self.loop.create_future()
+
+        def job() -> None:
+            try:
+                start_all()
+                self.loop.call_soon_threadsafe(_settle, done, None)
+            except BaseException as e:
+                self.loop.call_soon_threadsafe(_settle, done, e)
+
+        _launcher().put(job)
+        await done
+        return handles
+
+    def _cpus(self, rank: int) -> set[int] | None:
+        # The per-host dimensions come last in a proc mesh: rank % per-host is the
+        # proc's index on its host.
+        return self.binds[rank % len(self.binds)] if self.binds else None
+
+
+def _python_command(python: str) -> BootstrapCommand:
+    cmd = default_bootstrap_cmd()
+    return dataclasses.replace(cmd, program=python, env={_PYTHON_ENV: python})
 
 
 class HostMesh(MeshShapeOps):
     """A mesh of machines that can run procs."""
 
-    def __init__(self, view: View, hosts: list[Any] | None = None) -> None:
+    def __init__(
+        self,
+        view: View,
+        hosts: list[Any] | None = None,
+        *,
+        owned: bool | None = None,
+        python: str | None = None,
+        machine: str | None = None,
+        _spawned: list[ProcMeshState] | None = None,
+    ) -> None:
         self._view = view
         self._hosts = hosts  # host agents (HostInfo) by base rank; None: this machine
+        self._owned = hosts is not None if owned is None else owned
+        self._python = python  # procs start with this Python (with_python_executable)
+        self._machine = machine or socket.gethostname()  # where procs start when hosts is None
+        # Proc meshes started from this mesh (and its slices and copies), for shutdown().
+        self._spawned: list[ProcMeshState] = [] if _spawned is None else _spawned
 
     def _new_with_view(self, view: View) -> HostMesh:
-        return HostMesh(view, self._hosts)
+        return self._copy(view=view, owned=False)
+
+    def _copy(self, **changes: Any) -> HostMesh:
+        kw: dict[str, Any] = {"owned": self._owned, "python": self._python}
+        kw.update(changes)
+        view = kw.pop("view", self._view)
+        return HostMesh(view, self._hosts, machine=self._machine, _spawned=self._spawned, **kw)
 
     @property
     def hosts(self) -> list[Any]:
         """The host agents of this (sliced) mesh, in rank order; empty for ``this_host()``."""
         return [self._hosts[r] for r in self._view.ranks] if self._hosts is not None else []
+
+    @property
+    def is_fake_in_process(self) -> bool:
+        """False: procs are always real OS processes here (never simulated in this process)."""
+        return False
 
     @property
     def initialized(self) -> Future[bool]:
@@ -45,28 +248,68 @@ class HostMesh(MeshShapeOps):
         return fut
 
     def spawn_procs(
-        self, per_host: dict[str, int] | None = None, name: str = "procs", **_: Any
+        self,
+        per_host: dict[str, int] | None = None,
+        bootstrap: Any = None,
+        name: str | None = "procs",
+        proc_bind: Any = None,
+        bootstrap_command: BootstrapSpec | None = None,
     ) -> ProcMesh:
         """Start ``prod(per_host)`` procs on each host; returns at once.
 
         The proc mesh's extent is the host mesh's followed by ``per_host``.
         Use ``.initialized`` (or simply spawn actors and call them) to wait
         until they are up; a proc that fails to start makes those raise
-        :class:`~monarch.actors.errors.ProcStartError`.
+        :class:`~monarch.actors.errors.ProcStartError`. ``bootstrap_command``
+        (a :class:`BootstrapCommand`, or a function of each proc's ``Point``
+        returning one) starts procs of this machine with another command.
+        ``proc_bind`` (one dict per proc of a host) binds each proc to CPUs
+        (keys ``cpus``, ``physcpubind``; NUMA keys raise NotImplementedError).
+        ``bootstrap`` (a setup function) is not supported (NotImplementedError).
         """
+        if bootstrap is not None:
+            raise NotImplementedError(
+                "spawn_procs(bootstrap=...) is not available in monarch over NATS yet: run "
+                "setup code in an actor's __init__ (or a bootstrap_command's program)"
+            )
+        if self._owned is None:
+            raise RuntimeError("HostMesh has already been shut down")
         per_host = dict(per_host or {})
         for label, size in per_host.items():
             if isinstance(size, bool) or not isinstance(size, int):
                 raise TypeError(f"per_host[{label!r}] must be an int, got {size!r}")
+        name = name or "procs"
         subjects.check_token(name, "proc mesh name")
+        command = bootstrap_command
+        if command is None and self._python is not None:
+            command = _python_command(self._python)
+        binds = None
+        if proc_bind is not None:
+            binds = _check_binds(list(proc_bind), math.prod(per_host.values()))
         host_extent = self._view.extent
         extent = Extent(
             host_extent.labels + list(per_host), host_extent.sizes + list(per_host.values())
         )
         rt = runtime()
         if self._hosts is None:
-            launcher: Any = LocalLauncher(rt.loop)
+            if self._machine != socket.gethostname():
+                raise NotImplementedError(
+                    f"this HostMesh is the machine {self._machine!r} (received as a reference on "
+                    f"{socket.gethostname()!r}): starting procs on another machine needs a host "
+                    "agent there (`monarch host`, then attach_to_workers)"
+                )
+            launcher: Any = (
+                LocalLauncher(rt.loop)
+                if command is None and binds is None
+                else CommandLauncher(rt.loop, command, binds)
+            )
         else:
+            if command is not None or binds is not None:
+                raise NotImplementedError(
+                    "host agents start procs with their own Python and command, unbound: start "
+                    "the agent (`monarch host`) with the Python, environment and CPUs the procs "
+                    "need"
+                )
             from monarch.hosts.launcher import AgentLauncher
 
             launcher = AgentLauncher(rt, self.hosts, math.prod(per_host.values()))
@@ -76,13 +319,58 @@ class HostMesh(MeshShapeOps):
         from monarch.actors.proc_mesh import _owned_by_caller
 
         _owned_by_caller(state)
+        if self._hosts is not None:  # only meshes of host agents can be owned and shut down
+            self._spawned.append(state)
         return ProcMesh(state, View.full(extent))
 
+    def with_python_executable(self, python_executable: str) -> HostMesh:
+        """A copy of this mesh whose procs start with ``python_executable`` (this machine only).
+
+        Procs started from it pass it on: ``this_host().spawn_procs()`` inside
+        them uses it too.
+        """
+        return self._copy(python=python_executable, owned=False)
+
+    def shutdown(self) -> Future[None]:
+        """Stop every proc mesh started from this host mesh; then it starts no more procs.
+
+        Only an owned mesh (the one ``attach_to_workers`` returned, not a slice,
+        a copy or a received reference) may be shut down; any other makes the
+        future raise ``RuntimeError``, as in Monarch. The host agents themselves
+        keep running for other clients (stop them with ``monarch`` on each host).
+        """
+        if not self._owned:
+            fut: Future[None] = Future()
+            fut._set_exception(
+                RuntimeError("HostMesh has already been shut down")
+                if self._owned is None
+                else RuntimeError(
+                    "cannot shut down `HostMesh` that is a reference instead of owned (only the "
+                    "mesh attach_to_workers returned, unsliced, is owned)"
+                )
+            )
+            return fut
+        self._owned = None  # shut down: spawn_procs raises from now on
+        states = list(self._spawned)
+        rt = runtime()
+
+        async def stop_all() -> None:
+            await asyncio.gather(*(st.stop() for st in states))
+
+        return Future(rt.run_coro(stop_all()))
+
+    def __reduce__(self) -> tuple:
+        """Pickle as a reference, so a host mesh travels inside any picklable value."""
+        return (_decode_host_mesh, (_encode_host_mesh(self),))
+
     async def __aenter__(self) -> HostMesh:
+        if self._owned is None:
+            raise RuntimeError("HostMesh has already been shut down")
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        return None
+        if self._owned:  # an owned mesh shuts down on exit, as in Monarch
+            await self.shutdown()
 
     def __repr__(self) -> str:
         names = f" on {', '.join(h.name for h in self.hosts)}" if self._hosts is not None else ""
@@ -96,9 +384,47 @@ async def _start_quietly(state: ProcMeshState) -> None:
         pass  # kept in state.ready; raised to whoever uses the mesh
 
 
-_THIS_HOST = HostMesh(View.full(Extent([], [])))
+_THIS_HOST = HostMesh(View.full(Extent([], [])), python=os.environ.get(_PYTHON_ENV) or None)
 
 
 def this_host() -> HostMesh:
     """The host the calling code runs on."""
     return _THIS_HOST
+
+
+# -- references travel as their own msgpack extension type ------------------------
+#
+# The ext at top level and inside msgpack containers; ``HostMesh.__reduce__`` gives
+# pickle the same fields (and ``_decode_host_mesh``) for meshes inside other objects.
+
+_HOST_MESH_EXT = 19
+
+
+def _encode_host_mesh(mesh: HostMesh) -> list:
+    view = mesh._view
+    hosts = [dataclasses.asdict(h) for h in mesh._hosts] if mesh._hosts is not None else None
+    return [
+        view.base.labels,
+        view.base.sizes,
+        view.extent.labels,
+        view.extent.sizes,
+        list(view.ranks),
+        hosts,
+        mesh._python,
+        mesh._machine,
+    ]
+
+
+def _decode_host_mesh(fields: list) -> HostMesh:
+    blabels, bsizes, vlabels, vsizes, ranks, hosts, python, machine = fields
+    infos = None
+    if hosts is not None:
+        # the host agents' entries; monarch.hosts sits above this layer, so only here
+        from monarch.hosts.registry import HostInfo
+
+        infos = [HostInfo(**h) for h in hosts]
+    view = View(Extent(vlabels, vsizes), Extent(blabels, bsizes), ranks)
+    return HostMesh(view, infos, owned=False, python=python, machine=machine)
+
+
+register_ext(_HOST_MESH_EXT, HostMesh, _encode_host_mesh, _decode_host_mesh)

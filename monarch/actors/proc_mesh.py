@@ -4,6 +4,11 @@ The owner side of a set of procs: it starts them (through a launcher, see
 :mod:`monarch.actors.launcher`), waits until each reports ready, spawns actor
 meshes on them, learns at once when one exits (its reaper thread), and stops
 them. Every proc mesh is stopped when the client exits, so none outlives it.
+
+A ``ProcMesh`` is also a reference that travels: as an endpoint argument or
+return value, alone or inside any picklable value. Where it lands it spawns
+actors on the same procs (those actors are owned by whoever spawned them) and
+hears of their deaths; only the owner may stop it (see :class:`ProcMeshRef`).
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ import asyncio
 import logging
 import sys
 import threading
+import weakref
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from monarch.actors import messages as m
@@ -25,11 +32,11 @@ from monarch.actors.launcher import LocalLauncher, ProcHandle
 from monarch.actors.logs import LogCollector, LogMode
 from monarch.actors.mesh_ops import MeshShapeOps
 from monarch.actors.rpc import request_all
-from monarch.actors.runtime import Runtime
+from monarch.actors.runtime import Runtime, runtime
 from monarch.actors.shape import Extent, View
 from monarch.actors.supervisor import supervisor_of
 from monarch.broker import subjects
-from monarch.broker.codec import PicklingForbiddenError, dumps
+from monarch.broker.codec import PicklingForbiddenError, dumps, register_ext
 from monarch.rdma.bulk import offload
 from monarch.supervision.failure import MeshFailure
 
@@ -49,6 +56,7 @@ class ProcMeshState:
         self.procs: list[ProcHandle] = []
         self.ready: asyncio.Future = rt.loop.create_future()
         self.launched = asyncio.Event()  # start() has finished, successfully or not
+        self.settled = threading.Event()  # the same, for other threads (references wait on it)
         self.dead: asyncio.Future = rt.loop.create_future()  # completed by the first early exit
         self.actor_meshes: list[tuple[MeshState, list[int]]] = []
         self.stopping = False
@@ -85,6 +93,7 @@ class ProcMeshState:
         finally:
             self.rt.close_port(port_id)
             self.launched.set()
+            self.settled.set()
 
     def _on_ready(self, msg: Any) -> None:
         if (msg.headers or {}).get(m.KIND) != "ready" or self.ready.done():
@@ -252,6 +261,7 @@ class LocalProcMeshState(ProcMeshState):
         self.procs = [ProcHandle(rt.proc_uid, 0)]
         self.ready.set_result(None)
         self.launched.set()
+        self.settled.set()
         from monarch.actors.proc import local_server
 
         self.server = local_server(rt)
@@ -266,6 +276,56 @@ class LocalProcMeshState(ProcMeshState):
 
     async def shutdown(self) -> None:
         await self.stop()
+
+
+class ProcMeshRef(ProcMeshState):
+    """A proc mesh known from a reference that travelled here (it is owned elsewhere).
+
+    It spawns actors on the same procs and watches their heartbeats, so calls
+    to actors spawned from here fail when a proc is gone; stopping the procs
+    is left to the owner.
+    """
+
+    def __init__(
+        self, rt: Runtime, name: str, uid: str, extent: Extent, proc_uids: list[str]
+    ) -> None:
+        super().__init__(rt, name, extent, launcher=None)  # type: ignore[arg-type]
+        self.uid = uid
+        self.procs = [ProcHandle(u, r) for r, u in enumerate(proc_uids)]
+        self.launched.set()
+        self.settled.set()
+
+    def _proc_lost(self, handle: ProcHandle, reason: str, why: str) -> None:
+        """Calls to actors spawned from here on that proc fail from now on (SupervisionError).
+
+        No failure is reported to their owners: from here an orderly stop by the
+        proc mesh's owner and a crash look alike (the heartbeats end), and an
+        orderly stop is no failure (as in Monarch). The owner hears of a crash.
+        """
+        if handle.lost:
+            return
+        handle.lost = True
+        exc = SupervisionError(
+            f"proc {handle.uid} (rank {handle.rank} of proc mesh {self.name!r}) is gone: {why}",
+            actor_id=handle.uid,
+            rank=handle.rank,
+        )
+        for mesh_state, proc_ranks in self.actor_meshes:
+            ranks = [i for i, pr in enumerate(proc_ranks) if pr == handle.rank]
+            if ranks:
+                mesh_state.mark_dead(ranks, exc)
+
+    async def stop(self, procs: list[ProcHandle] | None = None) -> None:
+        raise ValueError(
+            f"proc mesh {self.name!r} is not owned here (it was received as a reference); "
+            "it must be stopped by its owner"
+        )
+
+    async def shutdown(self) -> None:
+        return None  # the owner stops the procs
+
+    async def kill(self) -> None:
+        return None
 
 
 def _owned_by_caller(mesh: Any) -> None:
@@ -392,6 +452,8 @@ class ProcMesh(MeshShapeOps):
     def stop(self) -> Future[None]:
         """Stop every actor and process of this mesh; completes when they are gone."""
         st = self._state
+        if isinstance(st, ProcMeshRef):  # refused (not owned here); the mesh stays usable
+            return Future(st.rt.run_coro(st.stop()))
         if st.stopped is not None:
             return st.stopped
         engine = sys.modules.get("monarch.tensors.controller")
@@ -412,6 +474,45 @@ class ProcMesh(MeshShapeOps):
 
     def __exit__(self, *exc: Any) -> None:
         self.stop().get()
+
+    def rank_tensor(self, dim: str | Sequence[str]) -> Any:
+        """Tensor engine: a distributed scalar (``torch.long``) holding each proc's rank.
+
+        For one dimension, each proc's coordinate along it in this (sliced)
+        mesh; for several, the row-major rank over them in the order given.
+        Runs on the tensor engine's workers (spawned on first use, as by
+        :meth:`activate`). Raises ``KeyError`` for a dimension this mesh lacks.
+        """
+        dims = [dim] if isinstance(dim, str) else list(dim)
+        extent = self._view.extent
+        for d in dims:
+            if d not in extent.labels:
+                raise KeyError(f"{self!r} does not have dimension {d!r}")
+        at = [extent.labels.index(d) for d in dims]
+        by_base = [0] * self._state.extent.nelements  # the value for each proc, by base rank
+        for i, base_rank in enumerate(self._view.ranks):
+            coords = extent.coords(i)
+            for j in at:
+                by_base[base_rank] = by_base[base_rank] * extent.sizes[j] + coords[j]
+        # torch only now: the tensor engine's door, kept off the actor API's import path
+        import torch
+
+        from monarch.tensors.remote import remote
+
+        fn = remote(
+            f"{__name__}._rank_on_worker",
+            propagate=lambda _table: torch.zeros((), dtype=torch.long),
+        )
+        with self.activate():
+            return fn(by_base)
+
+    def rank_tensors(self) -> dict[str, Any]:
+        """Tensor engine: :meth:`rank_tensor` for each dimension of this mesh, by name."""
+        return {d: self.rank_tensor(d) for d in self._view.extent.labels}
+
+    def __reduce__(self) -> tuple:
+        """Pickle as a reference, so a proc mesh travels inside any picklable value."""
+        return (_decode_proc_mesh, (_encode_proc_mesh(self),))
 
     def __repr__(self) -> str:
         return f"<ProcMesh {self._state.name!r} {self._view.extent!r}>"
@@ -439,3 +540,82 @@ def this_proc() -> ProcMesh:
         pm = holder[0]
         rt.this_proc_mesh = pm  # type: ignore[attr-defined]
     return pm
+
+
+def _rank_on_worker(by_base: list[int]) -> Any:
+    """On each tensor-engine worker (one per proc, spawned on the whole mesh): its value."""
+    import torch
+
+    from monarch.actors.context import context
+
+    # the worker's own rank in the whole proc mesh (not the message's, which is the slice's)
+    return torch.tensor(by_base[context().actor_instance.rank.rank], dtype=torch.long)
+
+
+# -- references travel as their own msgpack extension type ------------------------
+#
+# The ext at top level and inside msgpack containers; ``ProcMesh.__reduce__`` gives
+# pickle the same fields (and ``_decode_proc_mesh``) for meshes inside other objects.
+
+_PROC_MESH_EXT = 18
+_known: weakref.WeakKeyDictionary[Runtime, weakref.WeakValueDictionary[str, ProcMeshState]]
+_known = weakref.WeakKeyDictionary()  # per runtime: proc mesh uid -> its state here
+_known_lock = threading.Lock()
+
+
+def _remember(state: ProcMeshState) -> None:
+    with _known_lock:
+        _known.setdefault(state.rt, weakref.WeakValueDictionary())[state.uid] = state
+
+
+def _encode_proc_mesh(mesh: ProcMesh) -> list:
+    st, view = mesh._state, mesh._view
+    if not st.settled.is_set():
+        # Procs still starting: a reference must not reach anyone before they can
+        # take spawn requests. Wait (bounded); a failed start travels as its error.
+        if st.rt.on_loop_thread():  # an async endpoint: waiting here would stall the loop
+            raise RuntimeError(
+                f"proc mesh {st.name!r} is still starting: `await procs.initialized` before "
+                "sending it from an async endpoint"
+            )
+        st.settled.wait(st.rt.settings.spawn_timeout)
+    _remember(st)
+    error = None
+    if st.ready.done() and not st.ready.cancelled() and st.ready.exception() is not None:
+        error = str(st.ready.exception())
+    stopped = st.stopping or st.stopped is not None
+    return [
+        st.name,
+        st.uid,
+        st.extent.labels,
+        st.extent.sizes,
+        view.extent.labels,
+        view.extent.sizes,
+        list(view.ranks),
+        [p.uid for p in st.procs],
+        error,
+        stopped,
+    ]
+
+
+def _decode_proc_mesh(fields: list) -> ProcMesh:
+    name, uid, blabels, bsizes, vlabels, vsizes, ranks, proc_uids, error, stopped = fields
+    rt = runtime()
+    base = Extent(blabels, bsizes)
+    with _known_lock:
+        st = _known.get(rt, {}).get(uid)
+    if st is None:
+        st = ProcMeshRef(rt, name, uid, base, proc_uids)
+        if error is not None:
+            st.ready.set_exception(ProcStartError(f"proc mesh {name!r} failed to start: {error}"))
+            st.ready.exception()  # retrieved: whoever spawns on it raises it
+        else:
+            st.ready.set_result(None)
+        st.stopping = bool(stopped)
+        _remember(st)
+        if error is None and not stopped:
+            rt.call_soon(lambda: rt.loop.create_task(st._watch()))
+    return ProcMesh(st, View(Extent(vlabels, vsizes), base, ranks))
+
+
+register_ext(_PROC_MESH_EXT, ProcMesh, _encode_proc_mesh, _decode_proc_mesh)
