@@ -1,9 +1,11 @@
 """Monarch over NATS.
 
 ``monarch.actor`` is the actor API. The tensor engine's names (``monarch.Tensor``,
-``monarch.remote``, ``monarch.fetch_shard``, ``monarch.inspect``, ...) are
-loaded on first use, as in Monarch, so that ``import monarch.actor`` does not
-import torch.
+``monarch.remote``, ``monarch.fetch_shard``, ``monarch.inspect``, ...) and the
+rest of Monarch's top-level names are loaded on first use, as in Monarch, so
+that ``import monarch.actor`` does not import torch. Names this build does
+not provide (``OpaqueRef``, ``world_mesh``, ...) import, and raise
+``NotImplementedError`` saying why when used (:mod:`monarch.unsupported`).
 """
 
 from importlib import import_module as _import_module
@@ -22,21 +24,41 @@ _public_api = {
     "slice_mesh": "monarch.tensors.moving",
     "no_mesh": "monarch.tensors.mode",
     "get_active_mesh": "monarch.tensors.mode",
+    "coalescing": "monarch.tensors.coalescing",
     "Future": "monarch.actors.future",
     "Extent": "monarch.actors.shape",
+    "NDSlice": "monarch.actors.ndslice",
+    "Shape": "monarch.actors.ndslice",
+    "configure": "monarch.config",
+    "configured": "monarch.config",
+    "get_global_config": "monarch.config",
+    "get_runtime_config": "monarch.config",
+    "clear_runtime_config": "monarch.config",
+    "Selection": "monarch.unsupported",
+    "Stream": "monarch.tensors.streams",
+    "get_active_stream": "monarch.tensors.streams",
+    "OpaqueRef": "monarch.unsupported",
+    "call_on_shard_and_fetch": "monarch.unsupported",
+    "world_mesh": "monarch.unsupported",
+    "grad_generator": "monarch.unsupported",
+    "grad_function": "monarch.unsupported",
 }
+# Names that are modules of this package (``monarch.timer.ExecutionTimer``).
+_submodules = {"timer": "monarch.timer", "builtins": "monarch.builtins"}
 
-__all__ = sorted(_public_api)
+__all__ = sorted([*_public_api, *_submodules])
 
 
 def __getattr__(name: str) -> Any:
-    module = _public_api.get(name)
-    if module is None:
+    if name in _submodules:
+        value = _import_module(_submodules[name])
+    elif name in _public_api:
+        value = getattr(_import_module(_public_api[name]), name)
+    else:
         raise AttributeError(f"module 'monarch' has no attribute {name!r}")
-    value = getattr(_import_module(module), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_public_api])
+    return sorted([*globals(), *_public_api, *_submodules])

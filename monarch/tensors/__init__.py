@@ -25,6 +25,7 @@ from typing import Any
 # importing torch (which every module below does) would stall heartbeats.
 _lazy = {
     "REDUCTIONS": "monarch.tensors.collectives",
+    "coalescing": "monarch.tensors.coalescing",
     "RemoteTensorError": "monarch.tensors.errors",
     "MeshError": "monarch.tensors.errors",
     "fetch_shard": "monarch.tensors.fetch",
@@ -42,6 +43,8 @@ _lazy = {
     "Shard": "monarch.tensors.sharding",
     "distribute": "monarch.tensors.sharding",
     "full_tensor": "monarch.tensors.sharding",
+    "Stream": "monarch.tensors.streams",
+    "get_active_stream": "monarch.tensors.streams",
     "Tensor": "monarch.tensors.tensor",
 }
 
