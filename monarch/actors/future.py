@@ -11,12 +11,27 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Generic, TypeVar
 
 R = TypeVar("R")
 
 _loop_thread_ids: set[int] = set()
+_coro_loop: asyncio.AbstractEventLoop | None = None
+_coro_loop_lock = threading.Lock()
+
+
+def _coroutine_loop() -> asyncio.AbstractEventLoop:
+    """The event loop (on a daemon thread, started on first use) of ``Future._from_coro``."""
+    global _coro_loop
+    with _coro_loop_lock:
+        if _coro_loop is None or _coro_loop.is_closed():
+            loop = asyncio.new_event_loop()
+            threading.Thread(
+                target=loop.run_forever, name="monarch-future-coroutines", daemon=True
+            ).start()
+            _coro_loop = loop
+        return _coro_loop
 
 
 def mark_loop_thread() -> None:
@@ -57,6 +72,16 @@ class Future(Generic[R]):
         f: Future = cls()
         f._set_result(value)
         return f
+
+    @classmethod
+    def _from_coro(cls, coro: Coroutine[Any, Any, Any]) -> Future:
+        """A future of a coroutine's result, run on a loop thread of its own.
+
+        Monarch's private constructor, which scripts and tests use to make a
+        future that is not a message's. Not the runtime's loop: no broker is
+        needed, and a slow coroutine holds up no actor.
+        """
+        return cls(asyncio.run_coroutine_threadsafe(coro, _coroutine_loop()))
 
     # -- waiting (user side) ---------------------------------------------
 

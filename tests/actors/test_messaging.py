@@ -205,3 +205,24 @@ def test_procs_are_forked_from_the_zygote(echo):
         with open(f"/proc/{info['pid']}/stat") as f:
             ppid = int(f.read().rsplit(")", 1)[1].split()[1])
         assert ppid == zygote.popen.pid
+
+
+def test_a_future_of_a_coroutine_resolves_without_a_runtime_loop():
+    """Monarch's private ``Future._from_coro``: scripts and tests build futures from coroutines."""
+    from monarch.actor import Future
+
+    async def add(a, b):
+        await asyncio.sleep(0.01)
+        return a + b
+
+    async def boom():
+        raise ValueError("from the coroutine")
+
+    assert Future._from_coro(add(2, 3)).get(timeout=10) == 5
+    with pytest.raises(ValueError, match="from the coroutine"):
+        Future._from_coro(boom()).get(timeout=10)
+
+    async def awaited():
+        return await Future._from_coro(add(1, 1))
+
+    assert asyncio.run(awaited()) == 2
