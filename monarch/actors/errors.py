@@ -25,7 +25,10 @@ class ActorError(Exception):
         self.actor_id = actor_id
         self.rank = rank
         self.endpoint = endpoint
-        super().__init__(exception, traceback, actor_id, rank, endpoint)
+        # Two args, as in Monarch: unpickling calls ActorError(*args) and restores
+        # the rest from __dict__, so an ActorError re-raised by a nested call
+        # travels back to its caller intact.
+        super().__init__(exception, traceback)
 
     def __str__(self) -> str:
         where = f" in {self.actor_id}" if self.actor_id else ""
@@ -53,6 +56,23 @@ class SupervisionError(RuntimeError):
         self.actor_id = actor_id
         self.rank = rank
         super().__init__(message)
+
+
+def actor_failed_message(actor: str, reason: str) -> str:
+    """Monarch's words for a call to a failed actor; users' log scrapers and tests match on them.
+
+    ``actor`` describes the actor (see :func:`describe_actor`), ``reason`` says
+    why it failed (an exception, a process exit); it may span lines.
+    """
+    reason = reason.rstrip().replace("\n", "\n  ")
+    return f"The actor {actor} and all its descendants have failed:\n  {reason}"
+
+
+def describe_actor(cls: type | None, class_name: str, mesh_name: str, point: object) -> str:
+    """An actor as Monarch prints it: ``<root>.<module.Class mesh{'gpus': 1/2}>``."""
+    if cls is not None:
+        class_name = f"{cls.__module__}.{cls.__qualname__}"
+    return f"<root>.<{class_name} {mesh_name}{point!r}>"
 
 
 class MeshStoppedError(SupervisionError):

@@ -9,7 +9,9 @@ order but run side by side.
 
 An actor *fails* when an exception has nowhere else to go: a ``broadcast``
 (no caller), an explicit-response-port endpoint that raises, an unhandled
-failure of a mesh it owns. A failed actor answers every later call with
+failure of a mesh it owns, or a ``BaseException`` that is not an ``Exception``
+(``SystemExit``, ``KeyboardInterrupt``) from any endpoint, as in Monarch: its
+caller gets :class:`SupervisionError`, not ``ActorError``. A failed actor answers every later call with
 :class:`SupervisionError`, stops what it owns, runs ``__cleanup__(exc)``, and
 is reported to its owner (``on_failure``).
 """
@@ -20,6 +22,7 @@ import asyncio
 import contextvars
 import gc
 import logging
+import traceback as tb
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +37,8 @@ from monarch.actors.errors import (
     MeshStoppedError,
     MessageLostError,
     SupervisionError,
+    actor_failed_message,
+    describe_actor,
 )
 from monarch.actors.flow import FLOW_ENDPOINT
 from monarch.actors.lost_sends import SequenceCheck
@@ -108,6 +113,7 @@ class ActorInstance:
         self._stopping = False  # no new messages are taken
         self._stop_requested = False
         self._done = False  # stop or failure handling has begun
+        self._unhandled = False  # __supervise__ left a failure unhandled: the actor fails
         self._sequence = SequenceCheck()  # holes in senders' numbering: lost messages
         label = f"actor {self.actor_id}"
         if any(not p.is_async for p in self.endpoints.values()):
@@ -294,7 +300,9 @@ class ActorInstance:
             return
         try:
             await self.call_on_actor(hook, exc)
-        except Exception:
+        except asyncio.CancelledError:
+            raise
+        except BaseException:  # SystemExit too: it must not escape onto the proc's loop
             log.exception("__cleanup__ of %s raised", self.actor_id)
 
     def fail(self, exc: BaseException) -> None:
@@ -320,7 +328,10 @@ class ActorInstance:
     def _on_thread(self, item: Any) -> None:
         runner: ThreadRunner = self._runner  # type: ignore[assignment]
         if isinstance(item, _Supervise):
+            if self._unhandled:
+                return  # failing already: later events of the same failure are not offered
             handled, error = self._supervise_sync(item.failure)
+            self._unhandled = error is not None or not handled
             runner.post(self._after_supervise, item.failure, handled, error)
         elif self.failed is not None:
             runner.post(self._refuse, item)
@@ -350,14 +361,17 @@ class ActorInstance:
             if asyncio.iscoroutine(result):
                 result = self._runner.run_async(result)  # type: ignore[union-attr]
             return bool(result), None
-        except Exception as e:
+        except BaseException as e:  # SystemExit too: it must not end the actor's thread
             return False, e
 
     # -- handling: on the loop (LoopRunner) -------------------------------------------
 
     async def _on_loop(self, item: Any) -> None:
         if isinstance(item, _Supervise):
+            if self._unhandled:
+                return  # failing already: later events of the same failure are not offered
             handled, error = await self._supervise_async(item.failure)
+            self._unhandled = error is not None or not handled
             self._after_supervise(item.failure, handled, error)
         elif self.failed is not None:
             self._refuse(item)
@@ -384,7 +398,9 @@ class ActorInstance:
             ctx = contextvars.copy_context()  # the executor's thread has none of ours
             ctx.run(set_context, Context(self.info, self.point))
             return bool(await self.rt.loop.run_in_executor(None, ctx.run, hook, failure)), None
-        except Exception as e:
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # SystemExit too: it must not escape onto the proc's loop
             return False, e
 
     # -- handling: shared, on the loop --------------------------------------------------
@@ -456,7 +472,7 @@ class ActorInstance:
             args, kwargs = self._prepare(prop, msg)
             result = prop._method(self.obj, *args, **kwargs)
             return True, self._encode_result(prop, msg, result)
-        except Exception as e:
+        except BaseException as e:  # SystemExit too: it must not end the actor's thread
             return self._failure(prop, e)
 
     async def _invoke_async(self, prop: EndpointProperty, msg: Msg) -> tuple[bool, bytes]:
@@ -470,7 +486,9 @@ class ActorInstance:
             args, kwargs = self._prepare(prop, msg, data)
             result = await prop._method(self.obj, *args, **kwargs)
             return True, self._encode_result(prop, msg, result)
-        except Exception as e:
+        except asyncio.CancelledError:
+            raise  # the actor is being stopped: its runner's task was cancelled
+        except BaseException as e:  # SystemExit too: it must not escape onto the proc's loop
             return self._failure(prop, e)
 
     @staticmethod
@@ -479,7 +497,17 @@ class ActorInstance:
             return b""
         return dumps(result)
 
-    def _failure(self, prop: EndpointProperty, e: Exception) -> tuple[bool, bytes]:
+    def _failure(self, prop: EndpointProperty, e: BaseException) -> tuple[bool, bytes]:
+        if not isinstance(e, Exception):
+            # A BaseException (SystemExit, KeyboardInterrupt, ...) fails the actor, as in
+            # Monarch: its caller gets SupervisionError, later calls too, the owner hears.
+            self.rt.call_soon(self.fail, e)  # runs before the reply is sent (same FIFO)
+            err = SupervisionError(
+                actor_failed_message(self._describe(), _failure_reason(self.actor_id, e)),
+                actor_id=self.actor_id,
+                rank=self.rank,
+            )
+            return False, m.encode_error(err)
         if isinstance(e, CodecError):
             log.warning("%s.%s: %s", self.actor_id, prop.name, e)
         body = m.encode_error(e)
@@ -543,13 +571,27 @@ class ActorInstance:
             return
         if self.failed is not None:
             err: Exception = SupervisionError(
-                f"actor {self.actor_id} failed: {self.failed!r}",
+                actor_failed_message(self._describe(), _failure_reason(self.actor_id, self.failed)),
                 actor_id=self.actor_id,
                 rank=self.rank,
             )
         else:
             err = MeshStoppedError(f"actor {self.actor_id} is stopping")
         self._publish_reply(msg.reply, "error", m.encode_error(err))
+
+    def _describe(self) -> str:
+        return describe_actor(self.cls, "", self.name, self.point)
+
+
+def _failure_reason(actor_id: str, exc: BaseException) -> str:
+    """Why an actor failed, for its callers: the exception and, when known, its traceback."""
+    if isinstance(exc, SupervisionFailure):
+        return f"{actor_id} did not handle a failure of a mesh it owns:\n{exc.failure.report()}"
+    head = f"{actor_id} failed: {type(exc).__name__}: {exc}"
+    text = getattr(exc, "_monarch_traceback", None)
+    if not text and exc.__traceback__ is not None:
+        text = "".join(tb.format_exception(type(exc), exc, exc.__traceback__))
+    return f"{head}\n{text}" if text else head
 
 
 def _wrap(failure: MeshFailure, exc: BaseException) -> MeshFailure:

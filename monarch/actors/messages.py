@@ -60,8 +60,8 @@ def decode_error(body: bytes, *, actor_id: str, rank: int | None, endpoint: str)
     else:
         if not isinstance(exc, BaseException):
             exc = RemoteException(type_name, message)
-    if isinstance(exc, ActorError):  # an error that passed through a nested call
-        return exc
+    # An ActorError re-raised by a nested call stays whole, inside this call's
+    # ActorError (as in Monarch): ``.exception`` is the inner call's error.
     return ActorError(exc, text, actor_id=actor_id, rank=rank, endpoint=endpoint)
 
 

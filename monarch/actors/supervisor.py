@@ -26,8 +26,14 @@ import threading
 import traceback
 from typing import Any
 
-from monarch.actors.errors import BrokerLostError, SupervisionError
+from monarch.actors.errors import (
+    BrokerLostError,
+    SupervisionError,
+    actor_failed_message,
+    describe_actor,
+)
 from monarch.actors.runtime import Runtime
+from monarch.actors.shape import Point
 from monarch.broker import subjects
 from monarch.broker.codec import dumps, loads
 from monarch.broker.connect import connect
@@ -145,10 +151,23 @@ class Supervisor:
                 f"monarch proc {self.rt.proc_uid}: {message}; exiting", file=sys.stderr, flush=True
             )
             os._exit(4)
-        self._at_root(MeshFailure("broker", "", [], "broker_lost", message))
+        self._at_root([MeshFailure("broker", "", [], "broker_lost", message)])
 
     def announce_exit(self, proc_uid: str, reason: str) -> None:
-        """Whoever reaped a process tells its watchers at once."""
+        """Whoever reaped a process tells its watchers at once (loop only).
+
+        Calls of this process in flight to actors on it fail first, here, with
+        Monarch's words and the exit reason (the same text later calls get).
+        """
+        for st in list(self.rt.mesh_states.values()):
+            for rank, uid in enumerate(st.proc_uids or ()):
+                if uid == proc_uid and rank not in st.dead:
+                    actor = describe_actor(st.cls, st.class_name, st.name, Point(rank, st.base))
+                    why = f"the process this actor was running on ({proc_uid}) is gone: {reason}"
+                    err = SupervisionError(
+                        actor_failed_message(actor, why), actor_id=st.actor_id(rank), rank=rank
+                    )
+                    st.mark_dead([rank], err)
         self.rt.loop.create_task(announce_dead(self.rt.nc, self.rt.namespace, proc_uid, reason))
 
     def _on_event(self, msg: Any) -> None:
@@ -165,19 +184,31 @@ class Supervisor:
 
     def dispatch(self, failure: MeshFailure) -> None:
         st = self.rt.mesh_states.get(failure.mesh_uid)
+        actors: dict[int, str] = {}
         if st is not None:
-            st.mark_dead(
-                failure.ranks,
-                SupervisionError(
-                    f"actor mesh {failure.mesh_name!r} rank(s) {failure.ranks} failed: "
-                    f"{failure.message}",
-                    actor_id=f"{failure.mesh_name}.{failure.mesh_uid}",
-                    rank=failure.ranks[0] if failure.ranks else None,
-                ),
-            )
+            reason = failure.message
+            if failure.traceback:
+                reason += "\n" + failure.traceback
+            for rank in failure.ranks:  # each rank's error names that rank, as in Monarch
+                actor = describe_actor(st.cls, st.class_name, st.name, Point(rank, st.base))
+                actors[rank] = actor
+                st.mark_dead(
+                    [rank],
+                    SupervisionError(
+                        actor_failed_message(actor, reason),
+                        actor_id=st.actor_id(rank),
+                        rank=rank,
+                    ),
+                )
+        if not failure.actor and failure.ranks and failure.ranks[0] in actors:
+            failure.actor = actors[failure.ranks[0]]
+        # One event per failed rank, as in Monarch: the hook or __supervise__ runs once each.
+        each = [failure]
+        if len(failure.ranks) > 1:
+            each = [_one_rank(failure, r, actors.get(r, "")) for r in failure.ranks]
         owner = failure.owner
         if owner == ROOT_ACTOR or not owner:
-            self._at_root(failure)
+            self._at_root(each)
             return
         from monarch.actors.proc import local_server
 
@@ -190,16 +221,19 @@ class Supervisor:
                 failure.report(),
             )
             return
-        inst.supervise(failure)
+        for one in each:
+            inst.supervise(one)
 
-    def _at_root(self, failure: MeshFailure) -> None:
+    def _at_root(self, each: list[MeshFailure]) -> None:
+        """Run the hook for each failure, in order, off the loop."""
         hook = current_fault_hook()
 
         def run() -> None:
-            try:
-                hook(failure)
-            except Exception:
-                traceback.print_exc()
+            for one in each:
+                try:
+                    hook(one)
+                except Exception:
+                    traceback.print_exc()
 
         threading.Thread(target=run, name="monarch-fault-hook", daemon=True).start()
 
@@ -222,8 +256,17 @@ class Supervisor:
             cause=cause,
             exception=exc,
             traceback=tb,
+            actor=describe_actor(inst.cls, "", inst.name, inst.point),
         )
         self.report(inst.owner_proc, inst.owner_actor, failure)
+
+
+def _one_rank(failure: MeshFailure, rank: int, actor: str) -> MeshFailure:
+    return MeshFailure(
+        failure.mesh_name, failure.mesh_uid, [rank], failure.reason, failure.message,
+        owner=failure.owner, cause=failure.cause, exception=failure.exception,
+        traceback=failure.traceback, actor=actor or failure.actor,
+    )  # fmt: skip
 
 
 def supervisor_of(rt: Runtime) -> Supervisor | None:

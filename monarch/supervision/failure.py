@@ -11,7 +11,11 @@ class MeshFailure:
     ``mesh_name`` names the mesh, ``ranks`` the crashed ranks, ``reason`` says
     what happened (``actor_failed``, ``proc_died``, ``init_failed``,
     ``owner_failed``, ``heartbeat_lost``) and ``report()`` gives a readable
-    account, including the failures it was caused by.
+    account, including the failures it was caused by. ``actor`` describes the
+    failed actor as Monarch prints it (``<root>.<module.Class mesh{'gpus': 1/2}>``)
+    where the owner knows it; then the report starts with Monarch's words,
+    "The actor ... and all its descendants have failed:", which users' log
+    scrapers and tests match on.
     """
 
     def __init__(
@@ -26,6 +30,7 @@ class MeshFailure:
         cause: MeshFailure | None = None,
         exception: BaseException | None = None,
         traceback: str = "",
+        actor: str = "",
     ) -> None:
         self.mesh_name = mesh_name
         self.mesh_uid = mesh_uid
@@ -36,17 +41,22 @@ class MeshFailure:
         self.cause = cause
         self.exception = exception
         self.traceback = traceback
+        self.actor = actor
 
     @property
     def crashed_ranks(self) -> list[int]:
         return self.ranks
 
     def report(self) -> str:
-        lines = [
-            f"actor mesh {self.mesh_name!r} ranks {self.ranks} failed ({self.reason}): {self.message}"
-        ]
-        if self.traceback:
-            lines.append(self.traceback.rstrip())
+        where = f"actor mesh {self.mesh_name!r} ranks {self.ranks} failed ({self.reason})"
+        if self.actor:
+            lines = [f"The actor {self.actor} and all its descendants have failed:"]
+            body = [self.message, *([self.traceback.rstrip()] if self.traceback else []), where]
+            lines.extend("  " + line for part in body for line in part.splitlines())
+        else:
+            lines = [f"{where}: {self.message}"]
+            if self.traceback:
+                lines.append(self.traceback.rstrip())
         if self.cause is not None:
             lines.append("caused by:")
             lines.extend("  " + line for line in self.cause.report().splitlines())
@@ -61,6 +71,7 @@ class MeshFailure:
             "message": self.message,
             "owner": self.owner,
             "traceback": self.traceback,
+            "actor": self.actor,
             "cause": self.cause.to_wire() if self.cause is not None else None,
         }
 
@@ -70,6 +81,7 @@ class MeshFailure:
         return cls(
             d["mesh_name"], d["mesh_uid"], d["ranks"], d["reason"], d["message"],
             owner=d.get("owner", ""), cause=cause, traceback=d.get("traceback", ""),
+            actor=d.get("actor", ""),
         )  # fmt: skip
 
     def __str__(self) -> str:
