@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any, Union
 
 from monarch.actors.future import Future
-from monarch.actors.launcher import LocalLauncher, ProcHandle, _launcher, _settle, proc_env
+from monarch.actors.launcher import LocalLauncher, ProcHandle, on_launcher_thread, proc_env
 from monarch.actors.mesh_ops import MeshShapeOps
 from monarch.actors.proc_mesh import ProcMesh, ProcMeshState
 from monarch.actors.runtime import runtime
@@ -176,17 +176,7 @@ class CommandLauncher(LocalLauncher):
 
         # On the launcher's one long-lived thread, as the default launcher does: the
         # children's parent-death signal fires when the thread that started them ends.
-        done = self.loop.create_future()
-
-        def job() -> None:
-            try:
-                start_all()
-                self.loop.call_soon_threadsafe(_settle, done, None)
-            except BaseException as e:
-                self.loop.call_soon_threadsafe(_settle, done, e)
-
-        _launcher().put(job)
-        await done
+        await on_launcher_thread(self.loop, start_all)
         return handles
 
     def _cpus(self, rank: int) -> set[int] | None:

@@ -146,17 +146,7 @@ class LocalLauncher:
                     target=self._reap, args=(h, on_exit), name=f"reaper-{h.uid}", daemon=True
                 ).start()
 
-        done = self.loop.create_future()
-
-        def job() -> None:
-            try:
-                start_all()
-                self.loop.call_soon_threadsafe(_settle, done, None)
-            except BaseException as e:
-                self.loop.call_soon_threadsafe(_settle, done, e)
-
-        _launcher().put(job)
-        await done
+        await on_launcher_thread(self.loop, start_all)
         return handles
 
     def _reap(self, h: ProcHandle, on_exit: Callable[[ProcHandle, int], None]) -> None:
@@ -307,6 +297,25 @@ def _forget_parent_after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_parent_after_fork)
+
+
+async def on_launcher_thread(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
+    """Run ``fn`` on the launcher's one long-lived thread and wait for it (on ``loop``).
+
+    Children started there get their parent-death signal from a thread that
+    lives as long as the client, not from whichever thread asked.
+    """
+    done = loop.create_future()
+
+    def job() -> None:
+        try:
+            fn()
+            loop.call_soon_threadsafe(_settle, done, None)
+        except BaseException as e:
+            loop.call_soon_threadsafe(_settle, done, e)
+
+    _launcher().put(job)
+    await done
 
 
 def ensure_zygote() -> None:

@@ -145,26 +145,11 @@ class CallProber:
         # gather -> [next probe time, interval]; weak: a finished call's values (tensor
         # handles, say) must not outlive it here until the next sweep.
         self._due: weakref.WeakKeyDictionary[Any, list[float]] = weakref.WeakKeyDictionary()
-        self._task: asyncio.Task | None = None
         self.probes = 0  # probe messages sent
         self.lost = 0  # calls failed because their request never arrived
 
     def start(self) -> None:
-        self._task = self.rt.loop.create_task(self._run())
-        self.rt.on_close(self.stop)
-
-    def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(TICK)
-            try:
-                self.sweep()
-            except Exception:
-                log.exception("probing calls in flight failed")
+        self.rt.every(TICK, self.sweep, "probing calls in flight")
 
     def sweep(self) -> None:
         """Probe the gathers that are due; forget those that ended."""

@@ -36,7 +36,6 @@ handled as usual: its loss was a false alarm, logged as such.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -57,7 +56,6 @@ class SendCounter:
         self.suffix = "@" + rt.proc_uid
         self._count: dict[str, int] = {}
         self._syncs_left: dict[str, int] = {}
-        self._task: asyncio.Task | None = None
 
     def stamp(self, subject: str, headers: dict) -> None:
         """Number a message about to be published to ``subject`` that nobody gathers."""
@@ -73,21 +71,7 @@ class SendCounter:
             headers[SENT] = f"{n}{self.suffix}"
 
     def start(self) -> None:
-        self._task = self.rt.loop.create_task(self._run())
-        self.rt.on_close(self.stop)
-
-    def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(SYNC_EVERY)
-            try:
-                self.sync()
-            except Exception:
-                log.exception("sending sync markers failed")
+        self.rt.every(SYNC_EVERY, self.sync, "sending sync markers")
 
     def sync(self) -> None:
         """One sync marker on each subject sent to lately."""

@@ -153,6 +153,23 @@ class Runtime:
                 await self.nc.close()
         self.busy_poll.close()
 
+    def every(self, period: float, fn: Callable[[], None], what: str) -> None:
+        """Call ``fn()`` on the loop every ``period`` seconds until the runtime closes.
+
+        An exception is logged (``what`` failed) and the next period comes anyway.
+        """
+
+        async def repeat() -> None:
+            while True:
+                await asyncio.sleep(period)
+                try:
+                    fn()
+                except Exception:
+                    log.exception("%s failed", what)
+
+        task = self.loop.create_task(repeat())
+        self.on_close(task.cancel)
+
     def on_close(self, closer: Callable[[], Any]) -> None:
         """Run ``closer`` (sync or async) when the runtime closes, last registered first."""
         self._closers.append(closer)
