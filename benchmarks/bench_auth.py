@@ -54,8 +54,8 @@ class Echo(Actor):
 
 def serve_side() -> None:
     """Spawn a proc, then answer ``{"op": "call"|"fire", "n": N}`` lines until stdin ends."""
-    from monarch.actors.runtime import runtime
     from monarch.broker import auth
+    from monarch.core.runtime import runtime
 
     procs = this_host().spawn_procs(per_host={"gpus": 1})
     try:
@@ -161,8 +161,8 @@ def bench_sides(sides: dict[str, Side], cfg: dict) -> dict[str, dict[str, float]
 
 def tag_costs() -> dict[str, float]:
     """Microseconds to sign and to verify one call-sized message (4 headers, 16 B body)."""
-    from monarch.actors.runtime import LocalMsg
     from monarch.broker.auth import TAG, MessageAuth
+    from monarch.core.runtime import LocalMsg
 
     a = MessageAuth("k" * 43)
     subject, reply = "mon.default.act.echo.0a1b2c3d.0", "mon.default.port.client-0a1b2c3d.17"

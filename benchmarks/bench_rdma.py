@@ -26,8 +26,8 @@ import time
 import torch
 
 from monarch.actor import Actor, endpoint, this_host
-from monarch.actors.runtime import shutdown_runtime
 from monarch.broker.server import EmbeddedBroker
+from monarch.core.runtime import shutdown_runtime
 from monarch.rdma import RDMABuffer
 
 TIMEOUT = 120.0

@@ -25,7 +25,7 @@ _public_api = {
     "no_mesh": "monarch.tensors.mode",
     "get_active_mesh": "monarch.tensors.mode",
     "coalescing": "monarch.tensors.coalescing",
-    "Future": "monarch.actors.future",
+    "Future": "monarch.core.future",
     "Extent": "monarch.actors.shape",
     "NDSlice": "monarch.actors.ndslice",
     "Shape": "monarch.actors.ndslice",

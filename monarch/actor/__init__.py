@@ -6,16 +6,16 @@ README's support table says, name by name, what is supported.
 
 from monarch.actors.actor import Actor
 from monarch.actors.actor_mesh import ActorMesh, MessageTooLargeError
+from monarch.actors.client import default_unhandled_fault_hook as unhandled_fault_hook
+from monarch.actors.client import set_fault_hook_source as _set_fault_hook_source
+from monarch.actors.client import shutdown_context
 from monarch.actors.compat import (
     ChannelTransport,
-    attach_to_workers,
     debug_controller,
     enable_transport,
     gpu_direct_rdma_supported,
-    hosts_from_config,
     local_proc_mesh,
     proc_mesh,
-    run_worker_loop_forever,
     sim_proc_mesh,
 )
 from monarch.actors.context import (
@@ -42,16 +42,15 @@ from monarch.actors.errors import (
     SpawnError,
     SupervisionError,
 )
-from monarch.actors.future import Future
 from monarch.actors.host_mesh import HostMesh, default_bootstrap_cmd, this_host
 from monarch.actors.ports import Channel, Port, PortReceiver
 from monarch.actors.proc_mesh import ProcMesh, this_proc
-from monarch.actors.runtime import shutdown_context
 from monarch.actors.shape import Extent, Point
-from monarch.actors.supervisor import default_unhandled_fault_hook as unhandled_fault_hook
 from monarch.actors.value_mesh import ValueMesh
 from monarch.broker import config
 from monarch.broker.connect import BrokerConnectionError
+from monarch.core.future import Future
+from monarch.hosts.attach import attach_to_workers, hosts_from_config, run_worker_loop_forever
 from monarch.supervision.failure import MeshFailure
 
 __all__ = [
@@ -110,3 +109,7 @@ __all__ = [
     "this_proc",
     "unhandled_fault_hook",
 ]
+
+# Users replace the hook as in Monarch (``monarch.actor.unhandled_fault_hook = fn``):
+# the root looks it up here at each failure that reaches it.
+_set_fault_hook_source(lambda: globals()["unhandled_fault_hook"])

@@ -7,6 +7,7 @@ import inspect
 import logging
 from typing import Any
 
+from monarch.actors.context import context
 from monarch.actors.endpoint import endpoints_of
 
 
@@ -23,8 +24,6 @@ class Actor:
     @property
     def logger(self) -> logging.Logger:
         """A logger named after the actor; its records reach the client with the actor's rank."""
-        from monarch.actors.context import context
-
         inst = context().actor_instance
         return logging.getLogger(f"monarch.actor.{inst.name}")
 

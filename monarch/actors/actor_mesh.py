@@ -30,14 +30,16 @@ from monarch.actors.errors import (
     SupervisionError,
 )
 from monarch.actors.flow import FLOW_ENDPOINT, FlowControl
-from monarch.actors.future import Future
 from monarch.actors.instance import ADHOC
 from monarch.actors.mesh_ops import MeshShapeOps
-from monarch.actors.runtime import LocalMsg, Runtime, runtime
+from monarch.actors.process_state import actor_process
+from monarch.actors.rpc import request_all
 from monarch.actors.shape import Extent, View
 from monarch.actors.value_mesh import ValueMesh
 from monarch.broker import subjects
 from monarch.broker.codec import dumps, register_ext
+from monarch.core.future import Future
+from monarch.core.runtime import LocalMsg, Runtime, runtime
 from monarch.rdma.bulk import fetch_async, is_reference, offload
 
 if TYPE_CHECKING:
@@ -80,7 +82,7 @@ class MeshState:
         # (rank, count, subject) for messages from here that its actors never got
         # (monarch.actors.lost_sends): appended on the loop, taken by the next sender.
         self.lost: collections.deque[tuple[int, int, str]] = collections.deque()
-        rt.mesh_states[uid] = self
+        actor_process(rt).mesh_states[uid] = self
 
     def actor_id(self, rank: int) -> str:
         return f"{self.name}.{self.uid}[{rank}]"
@@ -199,7 +201,8 @@ class MeshState:
         batchable = not reply  # a send: it may share one NATS message with its neighbours
         # Numbered per subject, in wire order (monarch.actors.lost_sends); a gathered
         # call is not counted, its loss is found by its caller (lost_replies).
-        stamp = rt.sends.stamp if gather is None else rt.sends.stamp_count
+        sends = actor_process(rt).sends
+        stamp = sends.stamp if gather is None else sends.stamp_count
         for toks in tokens:
             subject = subjects.actor(ns, self.name, self.uid, toks)
             numbered = headers if len(tokens) == 1 else dict(headers)
@@ -216,7 +219,6 @@ class MeshState:
         self.mark_stopped("stopped by its owner")
         if not self.proc_uids:
             return
-        from monarch.actors.rpc import request_all
 
         requests = [  # ranks already dead have nobody to answer
             (subjects.ctl_proc(self.rt.namespace, uid), dumps(self.uid), {m.KIND: "stop_mesh"})
@@ -288,7 +290,7 @@ class Gather:
     def fail(self, exc: BaseException) -> None:
         self._close()
         for f in self.futures:
-            f._set_exception(exc)
+            f.set_exception(exc)
 
     def on_msg(self, msg: Msg) -> None:
         headers = msg.headers or {}
@@ -371,7 +373,7 @@ class Gather:
         self.values[rank] = value
         if self.mode == "stream":
             fut = self.futures[self._arrived]
-            fut._set_result(value) if ok else fut._set_exception(value)
+            fut.set_result(value) if ok else fut.set_exception(value)
             self._arrived += 1
             if self._arrived == len(self.expected):
                 self._close()
@@ -385,7 +387,7 @@ class Gather:
                 result = ValueMesh(self.view, [self.values[r] for r in self.view.ranks])
             else:
                 result = value
-            self.futures[0]._set_result(result)
+            self.futures[0].set_result(result)
 
 
 class NotAnEndpoint:
@@ -588,13 +590,13 @@ def _decode_mesh(fields: list) -> ActorMesh:
     name, uid, cls_ref, class_name, blabels, bsizes, vlabels, vsizes, ranks = fields[:9]
     proc_uids = fields[9] if len(fields) > 9 else []
     rt = runtime()
-    st = rt.mesh_states.get(uid)
+    st = actor_process(rt).mesh_states.get(uid)
     if st is None:
         cls = resolve_class(cls_ref) if cls_ref is not None else None
         st = MeshState(rt, name, uid, cls, class_name, Extent(blabels, bsizes))
         st.proc_uids = list(proc_uids)
         st.mark_ready()  # it existed when the reference was made
-        rt.mesh_states[uid] = st
+        actor_process(rt).mesh_states[uid] = st
         rt.call_soon(_watch_procs, st)
     base = st.base
     return ActorMesh(st, View(Extent(vlabels, vsizes), base, ranks))
@@ -602,7 +604,7 @@ def _decode_mesh(fields: list) -> ActorMesh:
 
 def _watch_procs(st: MeshState) -> None:
     """A holder of a reference learns of a dead proc too, so its calls in flight fail."""
-    sup = getattr(st.rt, "supervisor", None)
+    sup = actor_process(st.rt).supervisor
     if sup is None or not st.proc_uids:
         return
     for uid in set(st.proc_uids):

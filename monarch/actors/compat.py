@@ -1,9 +1,7 @@
 """Monarch names that exist for source compatibility, each saying what it does here.
 
 Some are thin spellings of features we have (``local_proc_mesh``,
-``proc_mesh``; ``attach_to_workers``, ``hosts_from_config`` and
-``run_worker_loop_forever`` are re-exported from :mod:`monarch.hosts.attach`);
-the rest belong to features this build does not have yet and raise
+``proc_mesh``); the rest belong to features this build does not have yet and raise
 ``NotImplementedError`` with a sentence saying so, never a silent dummy.
 """
 
@@ -14,11 +12,6 @@ from typing import Any, NoReturn
 
 from monarch.actors.host_mesh import this_host
 from monarch.actors.proc_mesh import ProcMesh
-from monarch.hosts.attach import (  # noqa: F401 - re-exported for monarch.actor
-    attach_to_workers,
-    hosts_from_config,
-    run_worker_loop_forever,
-)
 
 
 def local_proc_mesh(*, gpus: int | None = None, hosts: int = 1, **_: Any) -> ProcMesh:

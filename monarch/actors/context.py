@@ -8,10 +8,21 @@ tree (a mesh of one, with an empty extent).
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from monarch.actors.shape import Extent, Point
+from monarch.core.runtime import current_runtime_or_none
+
+# this_proc(), handed in by monarch.actors.proc_mesh (which builds on this module).
+_this_proc: Callable[[], Any] | None = None
+
+
+def set_this_proc(fn: Callable[[], Any]) -> None:
+    """Hand in what ``Instance.proc`` returns: this process as a proc mesh of one."""
+    global _this_proc
+    _this_proc = fn
 
 
 class Instance:
@@ -40,9 +51,9 @@ class Instance:
     @property
     def proc(self) -> Any:
         """The process this code runs in, as a proc mesh of one (spawn actors next to it)."""
-        from monarch.actors.proc_mesh import this_proc
-
-        return this_proc()
+        if _this_proc is None:
+            raise RuntimeError("no proc meshes here: monarch.actors.proc_mesh is not imported")
+        return _this_proc()
 
     @property
     def proc_mesh(self) -> Any:
@@ -101,8 +112,6 @@ def set_context(ctx: Context | None) -> contextvars.Token:
 
 
 def _client_context() -> Context:
-    from monarch.actors.runtime import current_runtime_or_none
-
     rt = current_runtime_or_none()
     uid = rt.proc_uid if rt is not None else "client"
     point = Point(0, _CLIENT_EXTENT)

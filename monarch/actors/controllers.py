@@ -18,12 +18,12 @@ from nats.js.errors import KeyWrongLastSequenceError
 from monarch.actors import messages as m
 from monarch.actors.actor import check_actor_class, class_ref, resolve_class
 from monarch.actors.actor_mesh import ActorMesh, MeshState
-from monarch.actors.future import Future
 from monarch.actors.rpc import request_all
-from monarch.actors.runtime import Runtime, runtime
 from monarch.actors.shape import Extent, View
 from monarch.broker import subjects
 from monarch.broker.codec import dumps, loads
+from monarch.core.future import Future
+from monarch.core.runtime import Runtime, runtime
 
 log = logging.getLogger(__name__)
 A = TypeVar("A")

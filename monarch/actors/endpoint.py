@@ -18,7 +18,7 @@ import types
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
-from monarch.actors.future import Future
+from monarch.core.future import Future
 
 if TYPE_CHECKING:
     from monarch.actors.actor_mesh import ActorMesh
@@ -254,7 +254,7 @@ class Accumulator(Generic[R]):
         state = {"value": self._identity, "left": len(futures)}
         lock = threading.Lock()
         if not futures:
-            result._set_result(self._identity)
+            result.set_result(self._identity)
 
         def on_done(f: Future) -> None:
             with lock:
@@ -266,16 +266,16 @@ class Accumulator(Generic[R]):
             try:
                 value = f.get()
             except BaseException as e:
-                result._set_exception(e)
+                result.set_exception(e)
                 return
             try:
                 state["value"] = self._combine(state["value"], value)
             except BaseException as e:
-                result._set_exception(e)
+                result.set_exception(e)
                 return
             state["left"] -= 1
             if state["left"] == 0:
-                result._set_result(state["value"])
+                result.set_result(state["value"])
 
         for f in futures:
             f.add_callback(on_done)

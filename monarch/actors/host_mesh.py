@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import importlib
 import math
 import os
 import socket
@@ -29,16 +30,23 @@ import threading
 from collections.abc import Callable
 from typing import Any, Union
 
-from monarch.actors.future import Future
-from monarch.actors.launcher import LocalLauncher, ProcHandle, on_launcher_thread, proc_env
+from monarch.actors.launcher import (
+    AgentLauncherFactory,
+    LocalLauncher,
+    ProcHandle,
+    on_launcher_thread,
+    proc_env,
+)
 from monarch.actors.mesh_ops import MeshShapeOps
-from monarch.actors.proc_mesh import ProcMesh, ProcMeshState
-from monarch.actors.runtime import runtime
+from monarch.actors.proc_mesh import ProcMesh, ProcMeshState, _owned_by_caller
 from monarch.actors.shape import Extent, Point, View
 from monarch.broker import subjects
 from monarch.broker._pdeathsig import child_dies_with_parent
 from monarch.broker.codec import register_ext
 from monarch.broker.config import settings
+from monarch.broker.registry import HostInfo
+from monarch.core.future import Future
+from monarch.core.runtime import runtime
 
 _PYTHON_ENV = "MONARCH_PROC_PYTHON"  # procs started with_python_executable start theirs so too
 
@@ -201,10 +209,15 @@ class HostMesh(MeshShapeOps):
         owned: bool | None = None,
         python: str | None = None,
         machine: str | None = None,
+        agent_launcher: AgentLauncherFactory | None = None,
         _spawned: list[ProcMeshState] | None = None,
     ) -> None:
+        if hosts is not None and agent_launcher is None:
+            raise ValueError("a HostMesh of host agents needs the launcher that talks to them")
         self._view = view
         self._hosts = hosts  # host agents (HostInfo) by base rank; None: this machine
+        # Starts procs through the agents (monarch.hosts hands it in: this layer is below it).
+        self._agent_launcher = agent_launcher
         self._owned = hosts is not None if owned is None else owned
         self._python = python  # procs start with this Python (with_python_executable)
         self._machine = machine or socket.gethostname()  # where procs start when hosts is None
@@ -218,7 +231,14 @@ class HostMesh(MeshShapeOps):
         kw: dict[str, Any] = {"owned": self._owned, "python": self._python}
         kw.update(changes)
         view = kw.pop("view", self._view)
-        return HostMesh(view, self._hosts, machine=self._machine, _spawned=self._spawned, **kw)
+        return HostMesh(
+            view,
+            self._hosts,
+            machine=self._machine,
+            agent_launcher=self._agent_launcher,
+            _spawned=self._spawned,
+            **kw,
+        )
 
     @property
     def hosts(self) -> list[Any]:
@@ -234,7 +254,7 @@ class HostMesh(MeshShapeOps):
     def initialized(self) -> Future[bool]:
         """Done at once: the hosts were found before this mesh was made."""
         fut: Future[bool] = Future()
-        fut._set_result(True)
+        fut.set_result(True)
         return fut
 
     def spawn_procs(
@@ -300,14 +320,10 @@ class HostMesh(MeshShapeOps):
                     "the agent (`monarch host`) with the Python, environment and CPUs the procs "
                     "need"
                 )
-            from monarch.hosts.launcher import AgentLauncher
-
-            launcher = AgentLauncher(rt, self.hosts, math.prod(per_host.values()))
+            launcher = self._agent_launcher(rt, self.hosts, math.prod(per_host.values()))
         state = ProcMeshState(rt, name, extent, launcher)
         rt.on_close(state.shutdown)
         rt.run_coro(_start_quietly(state))
-        from monarch.actors.proc_mesh import _owned_by_caller
-
         _owned_by_caller(state)
         if self._hosts is not None:  # only meshes of host agents can be owned and shut down
             self._spawned.append(state)
@@ -331,7 +347,7 @@ class HostMesh(MeshShapeOps):
         """
         if not self._owned:
             fut: Future[None] = Future()
-            fut._set_exception(
+            fut.set_exception(
                 RuntimeError("HostMesh has already been shut down")
                 if self._owned is None
                 else RuntimeError(
@@ -393,6 +409,8 @@ _HOST_MESH_EXT = 19
 def _encode_host_mesh(mesh: HostMesh) -> list:
     view = mesh._view
     hosts = [dataclasses.asdict(h) for h in mesh._hosts] if mesh._hosts is not None else None
+    factory = mesh._agent_launcher
+    launcher = f"{factory.__module__}:{factory.__qualname__}" if factory is not None else None
     return [
         view.base.labels,
         view.base.sizes,
@@ -402,19 +420,30 @@ def _encode_host_mesh(mesh: HostMesh) -> list:
         hosts,
         mesh._python,
         mesh._machine,
+        launcher,
     ]
 
 
 def _decode_host_mesh(fields: list) -> HostMesh:
-    blabels, bsizes, vlabels, vsizes, ranks, hosts, python, machine = fields
-    infos = None
-    if hosts is not None:
-        # the host agents' entries; monarch.hosts sits above this layer, so only here
-        from monarch.hosts.registry import HostInfo
-
-        infos = [HostInfo(**h) for h in hosts]
+    blabels, bsizes, vlabels, vsizes, ranks, hosts, python, machine, launcher = fields
+    infos = [HostInfo(**h) for h in hosts] if hosts is not None else None
     view = View(Extent(vlabels, vsizes), Extent(blabels, bsizes), ranks)
-    return HostMesh(view, infos, owned=False, python=python, machine=machine)
+    factory = _launcher_by_name(launcher) if launcher is not None else None
+    return HostMesh(
+        view, infos, owned=False, python=python, machine=machine, agent_launcher=factory
+    )
+
+
+def _launcher_by_name(name: str) -> AgentLauncherFactory:
+    """The agent launcher a mesh reference names, as pickle finds a class: by import path.
+
+    Only monarch's own modules: a reference from the wire must not make us
+    import anything else.
+    """
+    module, _, qualname = name.partition(":")
+    if not module.startswith("monarch.") or not qualname.isidentifier():
+        raise ValueError(f"a HostMesh reference names an unknown launcher {name!r}")
+    return getattr(importlib.import_module(module), qualname)
 
 
 register_ext(_HOST_MESH_EXT, HostMesh, _encode_host_mesh, _decode_host_mesh)

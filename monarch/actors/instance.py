@@ -44,10 +44,11 @@ from monarch.actors.flow import FLOW_ENDPOINT
 from monarch.actors.lost_sends import SequenceCheck
 from monarch.actors.mailbox import Job, LoopRunner, ThreadRunner
 from monarch.actors.ports import Port
-from monarch.actors.runtime import Runtime
+from monarch.actors.process_state import actor_process
 from monarch.actors.shape import Extent, Point
 from monarch.broker import subjects
 from monarch.broker.codec import CodecError, dumps, loads
+from monarch.core.runtime import Runtime
 from monarch.rdma.bulk import fetch, fetch_async, offload
 from monarch.supervision.failure import MeshFailure, SupervisionFailure
 
@@ -160,8 +161,9 @@ class ActorInstance:
         headers = msg.headers
         if headers and headers.get(m.KIND) == "sync":
             return  # a sender's count so far: checked, nothing to run
-        if msg.reply and self.rt.replies is not None:
-            self.rt.replies.received(msg.reply, self.rank)  # a caller may ask about it later
+        replies = actor_process(self.rt).replies
+        if msg.reply and replies is not None:
+            replies.received(msg.reply, self.rank)  # a caller may ask about it later
         if self._stopping or self.failed is not None:
             self._refuse(msg)
             return
@@ -185,7 +187,7 @@ class ActorInstance:
                 mesh=self.name,
                 counts={self.rank: count},
             )
-            self.rt.replies.received(msg.reply, self.rank)
+            actor_process(self.rt).replies.received(msg.reply, self.rank)
             self._publish_reply(msg.reply, "error", m.encode_error(err))
             return True
         notice = dumps([self.uid, self.rank, count, msg.subject])
@@ -560,10 +562,11 @@ class ActorInstance:
 
     def _publish_reply(self, subject: str, kind: str, body: bytes, wait: bool = False) -> None:
         headers = {m.KIND: kind, m.RANK: str(self.rank), m.FROM: self.actor_id}
-        if wait:  # the caller blocks on this reply (see monarch.actors.busy_poll)
+        if wait:  # the caller blocks on this reply (see monarch.core.busy_poll)
             headers[m.WAIT] = "one"
-        if self.rt.replies is not None:
-            self.rt.replies.sent(subject, self.rank, body, headers)  # kept, should it be lost
+        replies = actor_process(self.rt).replies
+        if replies is not None:
+            replies.sent(subject, self.rank, body, headers)  # kept, should it be lost
         self.rt.publish(subject, body, headers)
 
     def _refuse(self, msg: Msg) -> None:

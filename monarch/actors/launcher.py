@@ -21,10 +21,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from monarch.actors.shape import Extent
 from monarch.broker._pdeathsig import child_dies_with_parent
 from monarch.broker.config import settings
+from monarch.core.runtime import current_runtime_or_none
 
 
 @dataclass
@@ -60,7 +62,6 @@ def proc_env(extent: Extent, rank: int) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(paths)
     point = extent.coords(rank)
     env["MONARCH_RANK"] = str(rank)
-    from monarch.actors.runtime import current_runtime_or_none
 
     rt = current_runtime_or_none()
     if rt is not None:
@@ -99,6 +100,33 @@ def _launcher() -> queue.SimpleQueue:
 def _settle(fut: asyncio.Future, error: BaseException | None) -> None:
     if not fut.done():
         fut.set_result(None) if error is None else fut.set_exception(error)
+
+
+class Launcher(Protocol):
+    """What a proc mesh needs from whoever starts its procs (loop only).
+
+    :class:`LocalLauncher` starts them on this machine; the host agents'
+    launcher (:class:`monarch.hosts.launcher.AgentLauncher`) asks the agents of
+    a host mesh, which hands it in (:data:`AgentLauncherFactory`).
+    """
+
+    async def launch(
+        self,
+        uids: list[str],
+        ready_subject: str,
+        extent: Extent,
+        on_exit: Callable[[ProcHandle, int], None],
+    ) -> list[ProcHandle]:
+        """Start one proc per uid (rank = index); ``on_exit(handle, code)`` when one ends."""
+        ...
+
+    async def wait_or_kill(self, handles: list[ProcHandle], timeout: float) -> None:
+        """Wait up to ``timeout`` for ``handles`` to exit, then kill those still running."""
+        ...
+
+
+# (runtime, the host agents of the mesh by host rank, procs per host) -> a Launcher
+AgentLauncherFactory = Callable[[Any, list[Any], int], Launcher]
 
 
 class LocalLauncher:

@@ -48,9 +48,9 @@ from nats.aio.msg import Msg
 from monarch.actors import messages as m
 from monarch.actors.context import Instance, context
 from monarch.actors.rpc import request_all
-from monarch.actors.runtime import Runtime
 from monarch.broker import subjects
 from monarch.broker.codec import dumps, loads
+from monarch.core.runtime import Runtime
 
 log = logging.getLogger(__name__)
 

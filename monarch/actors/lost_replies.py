@@ -45,6 +45,7 @@ from typing import Any
 
 from monarch.actors import messages as m
 from monarch.actors.errors import MessageLostError
+from monarch.actors.process_state import actor_process
 from monarch.broker import subjects
 from monarch.broker.codec import dumps, loads
 
@@ -156,7 +157,7 @@ class CallProber:
         now = time.monotonic()
         live: list[Any] = []
         asks: dict[str, list[tuple[list, Any]]] = collections.defaultdict(list)
-        for st in list(self.rt.mesh_states.values()):
+        for st in list(actor_process(self.rt).mesh_states.values()):
             if not st.inflight or st.local is not None or not st.ready or not st.proc_uids:
                 continue  # nothing out, delivered in-process, or still queued here
             for gather in list(st.inflight):

@@ -19,7 +19,7 @@ encoded by :mod:`monarch.broker.codec`.
                           the receiver's rank (spawn)
 ``Mon-Wait``              ``one`` on a call to a single actor and on its
                           reply: the caller blocks on it, so both sides
-                          busy-poll briefly (:mod:`monarch.actors.busy_poll`)
+                          busy-poll briefly (:mod:`monarch.core.busy_poll`)
 ========================  ==============================================
 """
 
@@ -28,9 +28,9 @@ from __future__ import annotations
 import traceback as tb
 from typing import Any
 
-from monarch.actors.busy_poll import WAIT_HEADER
 from monarch.actors.errors import ActorError, RemoteException
 from monarch.broker.codec import CodecError, dumps, loads
+from monarch.core.busy_poll import WAIT_HEADER
 from monarch.rdma.bulk import fetch
 
 KIND = "Mon-Kind"

@@ -16,9 +16,11 @@ from typing import Any, Generic, TypeVar
 from monarch.actors import messages as m
 from monarch.actors.context import context, sender_id
 from monarch.actors.errors import ActorError
-from monarch.actors.future import Future
-from monarch.actors.runtime import Runtime, runtime
+from monarch.actors.process_state import actor_process
 from monarch.broker.codec import dumps, register_ext
+from monarch.core.future import Future
+from monarch.core.runtime import LocalMsg, Runtime, runtime
+from monarch.rdma.bulk import fetch_async, is_reference, offload
 
 R = TypeVar("R")
 
@@ -48,7 +50,6 @@ class Port(Generic[R]):
     def _post(self, kind: str, body: bytes) -> None:
         if not self.subject:
             return  # the port of a message nobody waits for (a broadcast): drop
-        from monarch.rdma.bulk import offload
 
         body = offload(body, readers=1, ttl=None)  # a big value travels out of band
         rt = runtime()
@@ -62,8 +63,9 @@ class Port(Generic[R]):
 
 def _post_reply(rt: Runtime, subject: str, rank: int, body: bytes, headers: dict) -> None:
     """On the loop: publish, kept for a caller that may not get it (monarch.actors.lost_replies)."""
-    if rt.replies is not None:
-        rt.replies.sent(subject, rank, body, headers)
+    replies = actor_process(rt).replies
+    if replies is not None:
+        replies.sent(subject, rank, body, headers)
     rt.publish(subject, body, headers)
 
     def __eq__(self, other: object) -> bool:
@@ -95,8 +97,6 @@ class PortReceiver(Generic[R]):
             self._pump()
 
     def _pump(self) -> None:
-        from monarch.rdma.bulk import is_reference
-
         while self._raw:
             msg = self._raw[0]
             if (msg.headers or {}).get(m.KIND) != "error" and is_reference(msg.data):
@@ -107,9 +107,6 @@ class PortReceiver(Generic[R]):
             self._take(msg)
 
     async def _fetch(self, msg: Any) -> None:
-        from monarch.actors.runtime import LocalMsg
-        from monarch.rdma.bulk import fetch_async
-
         try:
             data = await fetch_async(msg.data)
             self._raw[0] = LocalMsg(msg.subject, data, msg.reply, msg.headers)
@@ -149,9 +146,9 @@ class PortReceiver(Generic[R]):
 
     def _complete(self, fut: Future, ok: bool, rank: int, value: Any) -> None:
         if ok:
-            fut._set_result((rank, value) if self._ranked else value)
+            fut.set_result((rank, value) if self._ranked else value)
         else:
-            fut._set_exception(value)
+            fut.set_exception(value)
 
     def recv(self) -> Future[R]:
         """A future of the next value (or exception) sent to the port."""

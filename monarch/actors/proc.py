@@ -23,14 +23,18 @@ from nats.aio.msg import Msg
 import monarch.actors.actor_mesh  # noqa: F401  (registers the actor mesh reference type)
 from monarch.actors import messages as m
 from monarch.actors.actor import resolve_class
+from monarch.actors.controllers import get_or_spawn_here
 from monarch.actors.instance import ActorInstance
 from monarch.actors.logs import apply_mode, install_forwarding
-from monarch.actors.runtime import Runtime, install_runtime, new_event_loop
+from monarch.actors.loss_recovery import start_loss_recovery
+from monarch.actors.process_state import actor_process
 from monarch.actors.shape import Extent
+from monarch.actors.supervisor import start_supervision
 from monarch.broker import subjects
 from monarch.broker.codec import dumps, loads
 from monarch.broker.config import settings
-from monarch.hosts.proc_registry import register_proc
+from monarch.core.proc_registry import register_proc
+from monarch.core.runtime import Runtime, install_runtime, new_event_loop
 from monarch.rdma.bulk import fetch_async
 
 log = logging.getLogger("monarch.proc")
@@ -128,10 +132,23 @@ class ProcServer:
                 return inst
         return None
 
+    def list_actors(self) -> list[dict[str, Any]]:
+        """What this proc hosts, as ``monarch ps`` shows it."""
+        return [
+            {
+                "mesh": inst.name,
+                "mesh_uid": inst.uid,
+                "rank": inst.rank,
+                "class": getattr(inst.cls, "__qualname__", str(inst.cls)),
+                "sizes": dict(inst.extent),
+            }
+            for inst in list(self.actors.values())
+        ]
+
     def _actor_failed(self, inst: ActorInstance, exc: BaseException) -> None:
-        hook = getattr(self.rt, "on_actor_failure", None)
-        if hook is not None:
-            hook(inst, exc)
+        sup = actor_process(self.rt).supervisor
+        if sup is not None:
+            sup.actor_failed(inst, exc)
 
     async def _on_log_mode(self, msg: Msg) -> None:
         apply_mode(loads(msg.data))  # the owner's ProcMesh.logging_option
@@ -159,8 +176,6 @@ class ProcServer:
 
     async def _on_controller(self, msg: Msg) -> Any:
         """Get or spawn the named singleton (only the root client receives these)."""
-        from monarch.actors.controllers import get_or_spawn_here
-
         return await get_or_spawn_here(self, msg)
 
 
@@ -181,14 +196,16 @@ async def serve(uid: str, ready: str, url: str) -> None:
     rt.root_uid = os.environ.get("MONARCH_ROOT_PROC") or uid
     install_runtime(rt)
     await rt.connect(url)
+    start_loss_recovery(rt)
     install_forwarding(rt)
-    from monarch.actors.supervisor import start_supervision
-
     await start_supervision(
-        rt, create_streams=False, owner_proc=os.environ.get("MONARCH_OWNER_PROC")
+        rt,
+        create_streams=False,
+        owner_proc=os.environ.get("MONARCH_OWNER_PROC"),
+        find_actor=lambda actor_id: local_server(rt).find(actor_id),
     )
     server = local_server(rt)
-    register_proc(rt, server)  # a registry entry, and answers to `monarch ps`
+    register_proc(rt, server.list_actors)  # a registry entry, and answers to `monarch ps`
     rt.publish(ready, dumps(os.getpid()), {m.KIND: "ready", m.FROM: uid})
     await server.stopped.wait()
     await rt.close()

@@ -15,28 +15,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from monarch.actors import messages as m
 from monarch.actors.actor import check_actor_class, class_ref
 from monarch.actors.actor_mesh import ActorMesh, MeshState, spawn_error
-from monarch.actors.context import _current, sender_id
+from monarch.actors.context import _current, context, sender_id, set_this_proc
 from monarch.actors.endpoint import endpoints_of
 from monarch.actors.errors import MeshStoppedError, ProcStartError, SupervisionError
-from monarch.actors.future import Future
-from monarch.actors.launcher import LocalLauncher, ProcHandle
+from monarch.actors.launcher import Launcher, ProcHandle
 from monarch.actors.logs import LogCollector, LogMode
 from monarch.actors.mesh_ops import MeshShapeOps
+from monarch.actors.proc import local_server
+from monarch.actors.process_state import actor_process
 from monarch.actors.rpc import request_all
-from monarch.actors.runtime import Runtime, runtime
 from monarch.actors.shape import Extent, View
 from monarch.actors.supervisor import supervisor_of
 from monarch.broker import subjects
 from monarch.broker.codec import PicklingForbiddenError, dumps, register_ext
+from monarch.core.future import Future
+from monarch.core.runtime import Runtime, runtime
 from monarch.rdma.bulk import offload
 from monarch.supervision.failure import MeshFailure
 
@@ -47,8 +48,11 @@ A = TypeVar("A")
 class ProcMeshState:
     """Shared by all views of one proc mesh; mutated on the runtime loop."""
 
-    def __init__(self, rt: Runtime, name: str, extent: Extent, launcher: LocalLauncher) -> None:
+    def __init__(self, rt: Runtime, name: str, extent: Extent, launcher: Launcher) -> None:
         self.rt = rt
+        # Called (any thread) when stop() is asked, before anything stops: a layer
+        # above (the tensor engine) sends what it still holds for this mesh.
+        self.before_stop: list[Callable[[], None]] = []
         self.name = name
         self.uid = subjects.new_uid()
         self.extent = extent
@@ -262,7 +266,6 @@ class LocalProcMeshState(ProcMeshState):
         self.ready.set_result(None)
         self.launched.set()
         self.settled.set()
-        from monarch.actors.proc import local_server
 
         self.server = local_server(rt)
 
@@ -456,9 +459,8 @@ class ProcMesh(MeshShapeOps):
             return Future(st.rt.run_coro(st.stop()))
         if st.stopped is not None:
             return st.stopped
-        engine = sys.modules.get("monarch.tensors.controller")
-        if engine is not None:  # tensor engine: ops still queued in this process go out first
-            engine.flush_before_stop(st)
+        for hook in st.before_stop:
+            hook()
         st.stopped = Future(st.rt.run_coro(st.stop()))
         return st.stopped
 
@@ -520,10 +522,8 @@ class ProcMesh(MeshShapeOps):
 
 def this_proc() -> ProcMesh:
     """The calling process as a proc mesh of one: ``this_proc().spawn(...)`` runs actors here."""
-    from monarch.actors.runtime import runtime
-
     rt = runtime()
-    pm = getattr(rt, "this_proc_mesh", None)
+    pm = actor_process(rt).this_proc_mesh
     if pm is None:
         holder: list[ProcMesh] = []
         done = threading.Event()
@@ -538,15 +538,16 @@ def this_proc() -> ProcMesh:
         if not rt.on_loop_thread():
             done.wait()
         pm = holder[0]
-        rt.this_proc_mesh = pm  # type: ignore[attr-defined]
+        actor_process(rt).this_proc_mesh = pm
     return pm
+
+
+set_this_proc(this_proc)
 
 
 def _rank_on_worker(by_base: list[int]) -> Any:
     """On each tensor-engine worker (one per proc, spawned on the whole mesh): its value."""
     import torch
-
-    from monarch.actors.context import context
 
     # the worker's own rank in the whole proc mesh (not the message's, which is the slice's)
     return torch.tensor(by_base[context().actor_instance.rank.rank], dtype=torch.long)

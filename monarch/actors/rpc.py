@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from nats.aio.msg import Msg
 
 from monarch.actors import messages as m
-from monarch.actors.runtime import Runtime
+from monarch.core.runtime import Runtime
 
 
 async def request_all(

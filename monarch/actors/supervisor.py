@@ -24,6 +24,7 @@ import os
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from monarch.actors.errors import (
@@ -32,11 +33,12 @@ from monarch.actors.errors import (
     actor_failed_message,
     describe_actor,
 )
-from monarch.actors.runtime import Runtime
+from monarch.actors.process_state import actor_process
 from monarch.actors.shape import Point
 from monarch.broker import subjects
 from monarch.broker.codec import dumps, loads
 from monarch.broker.connect import connect
+from monarch.core.runtime import Runtime
 from monarch.supervision.failure import MeshFailure, SupervisionFailure
 from monarch.supervision.liveness import Heartbeater, Watcher, announce_dead
 from monarch.supervision.streams import ensure_streams
@@ -45,29 +47,25 @@ log = logging.getLogger(__name__)
 
 ROOT_ACTOR = "client"
 
-
-def default_unhandled_fault_hook(failure: MeshFailure) -> None:
-    """Print the failure and exit the client with status 1."""
-    print(f"Unhandled monarch failure:\n{failure.report()}", file=sys.stderr, flush=True)
-    from monarch.actors.runtime import shutdown_runtime
-
-    done = threading.Thread(target=shutdown_runtime, daemon=True)
-    done.start()
-    done.join(10)
-    os._exit(1)
-
-
-def current_fault_hook() -> Any:
-    facade = sys.modules.get("monarch.actor")
-    hook = getattr(facade, "unhandled_fault_hook", None) if facade is not None else None
-    return hook if hook is not None else default_unhandled_fault_hook
+# Called at each failure that reaches the root, it gives the hook to run (the
+# client hands in a lookup of monarch.actor.unhandled_fault_hook).
+FaultHookSource = Callable[[], Callable[[MeshFailure], Any]]
 
 
 class Supervisor:
     """One per runtime: heartbeats, liveness watching, and failure routing."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        find_actor: Callable[[str], Any],
+        fault_hook: FaultHookSource | None = None,
+    ) -> None:
         self.rt = rt
+        # The live actor of this process with an actor id (the proc's server, handed in).
+        self.find_actor = find_actor
+        # At the root: where the hook for failures nobody handled is looked up.
+        self.fault_hook = fault_hook
         cfg = rt.settings
         # Off the loop, on a connection of its own: a busy loop is not a dead process.
         own_connection = functools.partial(
@@ -132,7 +130,7 @@ class Supervisor:
             f"the connection to the broker dropped while this call was in flight "
             f"({self.rt.proc_uid}); it may or may not have been handled"
         )
-        for st in list(self.rt.mesh_states.values()):
+        for st in list(actor_process(self.rt).mesh_states.values()):
             if st.local is None:
                 for gather in list(st.inflight):
                     gather.fail(lost)
@@ -159,7 +157,7 @@ class Supervisor:
         Calls of this process in flight to actors on it fail first, here, with
         Monarch's words and the exit reason (the same text later calls get).
         """
-        for st in list(self.rt.mesh_states.values()):
+        for st in list(actor_process(self.rt).mesh_states.values()):
             for rank, uid in enumerate(st.proc_uids or ()):
                 if uid == proc_uid and rank not in st.dead:
                     actor = describe_actor(st.cls, st.class_name, st.name, Point(rank, st.base))
@@ -183,7 +181,7 @@ class Supervisor:
     # -- handling at the owner ------------------------------------------------------
 
     def dispatch(self, failure: MeshFailure) -> None:
-        st = self.rt.mesh_states.get(failure.mesh_uid)
+        st = actor_process(self.rt).mesh_states.get(failure.mesh_uid)
         actors: dict[int, str] = {}
         if st is not None:
             reason = failure.message
@@ -210,9 +208,7 @@ class Supervisor:
         if owner == ROOT_ACTOR or not owner:
             self._at_root(each)
             return
-        from monarch.actors.proc import local_server
-
-        inst = local_server(self.rt).find(owner)
+        inst = self.find_actor(owner)
         if inst is None:
             log.error(
                 "owner %s of failed mesh %s is gone:\n%s",
@@ -226,7 +222,11 @@ class Supervisor:
 
     def _at_root(self, each: list[MeshFailure]) -> None:
         """Run the hook for each failure, in order, off the loop."""
-        hook = current_fault_hook()
+        if self.fault_hook is None:  # not the root: nothing above us to tell
+            for one in each:
+                log.error("unhandled failure with no fault hook here:\n%s", one.report())
+            return
+        hook = self.fault_hook()
 
         def run() -> None:
             for one in each:
@@ -270,16 +270,25 @@ def _one_rank(failure: MeshFailure, rank: int, actor: str) -> MeshFailure:
 
 
 def supervisor_of(rt: Runtime) -> Supervisor | None:
-    return getattr(rt, "supervisor", None)
+    return actor_process(rt).supervisor
 
 
 async def start_supervision(
-    rt: Runtime, *, create_streams: bool, owner_proc: str | None
+    rt: Runtime,
+    *,
+    create_streams: bool,
+    owner_proc: str | None,
+    find_actor: Callable[[str], Any],
+    fault_hook: FaultHookSource | None = None,
 ) -> Supervisor:
-    """Heartbeat, route failures, and (in a proc) exit when the owner's process is gone."""
-    sup = Supervisor(rt)
-    rt.supervisor = sup  # type: ignore[attr-defined]
-    rt.on_actor_failure = sup.actor_failed  # type: ignore[attr-defined]
+    """Heartbeat, route failures, and (in a proc) exit when the owner's process is gone.
+
+    ``find_actor(actor_id)`` finds an owner actor of this process (the proc's
+    server); ``fault_hook`` is the root's (the client's): where failures nobody
+    handled end.
+    """
+    sup = Supervisor(rt, find_actor, fault_hook)
+    actor_process(rt).supervisor = sup
     await sup.start(create_streams=create_streams)
     rt.on_close(sup.stop)
     rt.connection_listeners.append(sup.connection_changed)

@@ -37,13 +37,14 @@ import signal
 import sys
 import threading
 
+from monarch.broker._pdeathsig import child_dies_with_parent
+from monarch.broker.config import settings
+
 PRELOAD_WHEN_IDLE = 0.3  # seconds without requests: a burst of forks for one mesh is over
 
 
 def main() -> None:
     import monarch.actors.proc as proc  # the expensive part, done once
-    from monarch.broker._pdeathsig import child_dies_with_parent
-    from monarch.broker.config import settings
 
     me = os.getpid()
     replies = os.fdopen(int(sys.argv[1]), "w", buffering=1)

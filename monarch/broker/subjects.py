@@ -88,3 +88,8 @@ def point_subscriptions(
     for c in coords:
         choices = [prefix + [tok] for prefix in choices for tok in (str(c), WILDCARD)]
     return [actor(namespace, mesh_name, mesh_uid, toks) for toks in choices]
+
+
+def ps_subject(namespace: str) -> str:
+    """Every proc answers requests here with what it runs (``monarch ps``)."""
+    return f"mon.{namespace}.ctl.ps"

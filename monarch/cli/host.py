@@ -23,7 +23,7 @@ def parse_labels(items: list[str]) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from monarch.actors.runtime import new_event_loop
+    from monarch.core.runtime import new_event_loop
     from monarch.hosts.agent import run_agent
 
     url = broker_url(args)

@@ -19,9 +19,9 @@ from typing import Any
 
 from nats.aio.client import Client
 
+from monarch.broker.registry import HOSTS, PROCS, HeartbeatSeen, bucket_name, list_hosts, list_procs
+from monarch.broker.subjects import ps_subject
 from monarch.cli.main import broker_url
-from monarch.hosts.protocol import ps_subject
-from monarch.hosts.registry import HOSTS, PROCS, HeartbeatSeen, bucket_name, list_hosts, list_procs
 
 
 async def snapshot(nc: Client, namespace: str, window: float) -> dict[str, Any]:

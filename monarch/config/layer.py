@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import threading
 import warnings
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from pydantic import ValidationError
 
 from monarch.broker.config import ENV_PREFIX, Settings, settings
 from monarch.config import keys
+from monarch.core.runtime import current_runtime_or_none
 
 _lock = threading.RLock()
 _layer: dict[str, Any] = {}  # key as the user wrote it -> checked value, in order set
@@ -211,10 +211,8 @@ def _env_values(env: dict[str, str]) -> dict[str, str]:
 
 def _running_settings() -> Settings | None:
     """The settings this process's runtime started with, if one runs."""
-    # Looked up, not imported: asking must not load (or start) the actor runtime.
-    runtime = sys.modules.get("monarch.actors.runtime")
-    rt = runtime.current_runtime_or_none() if runtime is not None else None
-    return getattr(rt, "settings", None) if rt is not None else None
+    rt = current_runtime_or_none()  # asking starts nothing
+    return rt.settings if rt is not None else None
 
 
 def _refuse_changes_while_running(overrides: dict[str, Any]) -> None:

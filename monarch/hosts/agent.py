@@ -40,9 +40,9 @@ from monarch.broker._pdeathsig import child_dies_with_parent
 from monarch.broker.codec import dumps, loads
 from monarch.broker.config import Settings, settings
 from monarch.broker.intake import subscribe_ordered
+from monarch.broker.registry import HOST_UID_ENV, HOSTS, PROCS, HostInfo, open_bucket
 from monarch.hosts import protocol as p
 from monarch.hosts.connect import connect, connected_url, local_address
-from monarch.hosts.registry import HOSTS, PROCS, HostInfo, open_bucket
 from monarch.supervision.liveness import Heartbeater, Watcher, announce_dead
 from monarch.supervision.streams import ensure_streams
 
@@ -249,7 +249,7 @@ class HostAgent:
                 "MONARCH_NATS_URL": self.proc_url,
                 "MONARCH_ROOT_PROC": spec["root"],
                 "MONARCH_OWNER_PROC": spec["owner"],  # it exits when its client dies
-                p.HOST_UID_ENV: self.uid,
+                HOST_UID_ENV: self.uid,
             }
         )
         if "gpus" in extent.labels:  # each proc sees only its own device of this host

@@ -20,9 +20,12 @@ from typing import Any
 from nats.aio.client import Client
 
 from monarch.actors.host_mesh import HostMesh
-from monarch.actors.runtime import runtime
 from monarch.actors.shape import Extent, View
-from monarch.hosts.registry import HeartbeatSeen, HostInfo, list_hosts
+from monarch.broker.config import settings
+from monarch.broker.registry import HeartbeatSeen, HostInfo, list_hosts
+from monarch.core.runtime import new_event_loop, runtime
+from monarch.hosts.agent import run_agent
+from monarch.hosts.launcher import AgentLauncher
 
 _POLL = 0.1  # seconds between looks at the registry while waiting
 
@@ -132,7 +135,7 @@ def attach_to_workers(
         rt.nc, rt.namespace, workers=names, count=hosts, labels=labels, timeout=timeout
     )
     found = rt.run_coro(coro).result(timeout + 30)
-    return HostMesh(View.full(Extent(["hosts"], [len(found)])), found)
+    return HostMesh(View.full(Extent(["hosts"], [len(found)])), found, agent_launcher=AgentLauncher)
 
 
 def hosts_from_config(
@@ -161,10 +164,6 @@ def run_worker_loop_forever(
     ``address`` is the broker to register with (``nats://...``; default
     ``MONARCH_NATS_URL``): agents listen on no port of their own.
     """
-    from monarch.actors.runtime import new_event_loop
-    from monarch.broker.config import settings
-    from monarch.hosts.agent import run_agent
-
     if private_key is not None or ca != "trust_all_connections":
         raise NotImplementedError("TLS is the broker's here: set MONARCH_NATS_TLS_* instead")
     url = address if address and "://" in address and not address.startswith("tcp://") else None

@@ -22,13 +22,13 @@ from monarch.actors import messages as m
 from monarch.actors.errors import ProcStartError
 from monarch.actors.launcher import ProcHandle
 from monarch.actors.rpc import request_all
-from monarch.actors.runtime import Runtime
 from monarch.actors.shape import Extent
 from monarch.actors.supervisor import supervisor_of
 from monarch.broker import subjects
 from monarch.broker.codec import dumps, loads
+from monarch.broker.registry import HostInfo
+from monarch.core.runtime import Runtime
 from monarch.hosts import protocol as p
-from monarch.hosts.registry import HostInfo
 
 log = logging.getLogger(__name__)
 

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import os
 
+from monarch.broker.registry import HOST_UID_ENV
+
 SPAWN, KILL, PING, EXIT = "spawn", "kill", "ping", "exit"
 PROC = "Mon-Proc"  # header of exit reports: the proc that ended
 
-HOST_UID_ENV = "MONARCH_HOST_UID"  # set in procs an agent starts: which agent did
 
 # Per-proc variables, never copied from a client to its remote procs; nor are
 # MONARCH_NATS_* (URL, credentials, TLS files): each agent knows how its machine
@@ -73,8 +74,3 @@ def visible_device(agent_value: str | None, coord: int) -> str:
             f"CUDA_VISIBLE_DEVICES={agent_value}"
         )
     return devices[coord]
-
-
-def ps_subject(namespace: str) -> str:
-    """Every proc answers requests here with what it runs (``monarch ps``)."""
-    return f"mon.{namespace}.ctl.ps"

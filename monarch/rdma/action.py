@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from monarch.actors.future import Future
+from monarch.core.future import Future
 from monarch.rdma import protocol as p
 from monarch.rdma import transfer
 from monarch.rdma.buffer import DEFAULT_TIMEOUT, RDMABuffer
@@ -132,12 +132,12 @@ class RDMAAction:
                     last = left[0] == 0
                 if last:
                     if errors:
-                        fut._set_exception(errors[min(errors)])
+                        fut.set_exception(errors[min(errors)])
                     else:
-                        fut._set_result(results if atomics else None)
+                        fut.set_result(results if atomics else None)
 
         if not by_owner:
-            fut._set_result(None)
+            fut.set_result(None)
         for indices in by_owner.values():
             transfer.executor().submit(run_owner, indices)
         return fut

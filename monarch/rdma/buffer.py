@@ -5,7 +5,7 @@ memory; the object is a small handle that can be passed to any actor (in
 endpoint arguments and return values, or pickled), and whoever holds it can
 ``read_into`` local memory from it or ``write_from`` local memory to it,
 without the owner's code taking part. Both return a
-:class:`~monarch.actors.future.Future` of ``None`` (``.get()`` or ``await``).
+:class:`~monarch.core.future.Future` of ``None`` (``.get()`` or ``await``).
 
 As in Monarch: the memory is a 1-D contiguous tensor of any dtype (CPU or
 CUDA; a contiguous view or slice is fine) or a 1-D contiguous memoryview of
@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from monarch.actors.future import Future
 from monarch.broker.codec import register_ext
+from monarch.core.future import Future
 from monarch.rdma import transfer
 from monarch.rdma.backend import monarch_name
 from monarch.rdma.handle import BufferHandle

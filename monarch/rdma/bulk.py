@@ -25,9 +25,9 @@ import logging
 import os
 from typing import Any
 
-from monarch.actors.runtime import current_runtime_or_none
 from monarch.broker import buffers
 from monarch.broker.codec import dumps, loads, register_ext
+from monarch.core.runtime import current_runtime_or_none
 from monarch.rdma import config, transfer
 from monarch.rdma.handle import BufferHandle
 from monarch.rdma.memory import as_memory

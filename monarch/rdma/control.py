@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 
-from monarch.actors.runtime import Runtime, runtime
 from monarch.broker.auth import auth_of
 from monarch.broker.codec import dumps, loads
+from monarch.core.runtime import Runtime, runtime
 from monarch.rdma.errors import OwnerGoneError
 from monarch.rdma.handle import BufferHandle
 from monarch.rdma.transports import set_ibverbs_exchange

@@ -15,8 +15,9 @@ import socket
 import threading
 from urllib.parse import urlparse
 
-from monarch.actors.runtime import Runtime, runtime
+from monarch.core.runtime import Runtime, runtime
 from monarch.rdma import config
+from monarch.rdma.control import serve_queue_pairs
 from monarch.rdma.handle import BufferHandle, host_id, process_start_time
 from monarch.rdma.memory import Memory
 from monarch.rdma.registry import Entry, Registry
@@ -54,8 +55,6 @@ class Owner:
         self.host_id = host_id()
         self.verbs: Verbs | None = open_verbs()
         if self.verbs is not None:
-            from monarch.rdma.control import serve_queue_pairs
-
             serve_queue_pairs(rt, self.verbs)
 
     def register(

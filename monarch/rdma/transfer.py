@@ -3,7 +3,7 @@
 This is where what every operation shares lives: the range check (a
 ValueError at the caller, before anything moves), staging of CUDA memory
 through CPU, choosing the transport (with fallback), and the pool of
-worker threads whose results complete :class:`~monarch.actors.future.Future`
+worker threads whose results complete :class:`~monarch.core.future.Future`
 objects, so callers can ``.get()`` or ``await`` them.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from monarch.actors.future import Future
+from monarch.core.future import Future
 from monarch.rdma import protocol as p
 from monarch.rdma import transports
 from monarch.rdma.errors import BufferDroppedError, ReadOnlyBufferError

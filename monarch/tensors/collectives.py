@@ -34,6 +34,7 @@ from urllib.parse import urlparse
 import torch
 import torch.distributed as dist
 
+from monarch.core.runtime import runtime
 from monarch.tensors import config
 from monarch.tensors.controller import controller_for
 from monarch.tensors.errors import Poison, RemoteTensorError
@@ -147,7 +148,6 @@ def reachable_host() -> str:
     override = config.store_host()
     if override:
         return override
-    from monarch.actors.runtime import runtime
 
     url = (runtime().nats_url or "").split(",")[0]
     parsed = urlparse(url)

@@ -36,11 +36,13 @@ from typing import Any
 
 from monarch.actors.actor_mesh import ActorMesh
 from monarch.actors.errors import MeshStoppedError
-from monarch.actors.future import Future
+from monarch.actors.proc_mesh import ProcMesh
 from monarch.actors.shape import Extent, View
 from monarch.broker.codec import dumps
+from monarch.core.future import Future
 from monarch.tensors import config
 from monarch.tensors.wire import func_spec
+from monarch.tensors.worker import TensorWorker
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,7 @@ def controller_for(mesh: Any) -> Controller:
             ctl = _controllers.get(state)
             if ctl is None:
                 ctl = _controllers[state] = Controller(state)
+                state.before_stop.append(ctl.flush_before_stop)
                 _warm_up_meta()
     return ctl
 
@@ -96,14 +99,6 @@ def _warm_up_meta() -> None:
     threading.Thread(target=warm, name="monarch-meta-warmup", daemon=True).start()
 
 
-def flush_before_stop(state: Any) -> None:
-    """``ProcMesh.stop()`` calls this first: what is queued for the mesh leaves before the stop
-    (ops wait up to ``_FLUSH_DELAY`` otherwise, and would find the workers stopped)."""
-    ctl = _controllers.get(state)
-    if ctl is not None:
-        ctl.rt.call_soon(ctl._flush)
-
-
 def single(base: Extent, rank: int) -> View:
     """The view of one proc (by its rank in the whole mesh)."""
     return View(Extent([], []), base, [rank])
@@ -113,9 +108,6 @@ class Controller:
     """One proc mesh's workers, reference ids and op stream (see the module docstring)."""
 
     def __init__(self, state: Any) -> None:
-        from monarch.actors.proc_mesh import ProcMesh
-        from monarch.tensors.worker import TensorWorker
-
         self.state = state
         self.rt = state.rt
         self.base: Extent = state.extent
@@ -210,7 +202,7 @@ class Controller:
             try:
                 inner = getattr(self._mesh_for(view), endpoint).call_one(*args)
             except BaseException as e:
-                out._set_exception(e)
+                out.set_exception(e)
                 return
             inner.add_callback(lambda f: _copy(f, out))
 
@@ -225,7 +217,7 @@ class Controller:
             try:
                 inner = getattr(self.workers, endpoint).call(*args)
             except BaseException as e:
-                out._set_exception(e)
+                out.set_exception(e)
                 return
             inner.add_callback(lambda f: _copy(f, out))
 
@@ -284,6 +276,11 @@ class Controller:
             self.workers.ping.call().add_callback(done)
         except BaseException:
             done(None)
+
+    def flush_before_stop(self) -> None:
+        """``ProcMesh.stop()`` calls this first: what is queued for the mesh leaves before the stop
+        (ops wait up to ``_FLUSH_DELAY`` otherwise, and would find the workers stopped)."""
+        self.rt.call_soon(self._flush)
 
     def _flush(self) -> None:
         """On the loop: send what is queued, in order, coalescing ops per view."""
@@ -360,6 +357,6 @@ class Controller:
 
 def _copy(src: Future, dst: Future) -> None:
     try:
-        dst._set_result(src.get())
+        dst.set_result(src.get())
     except BaseException as e:
-        dst._set_exception(e)
+        dst.set_exception(e)

@@ -24,8 +24,9 @@ from typing import Any
 
 import torch
 
-from monarch.actors.runtime import runtime
+from monarch.actors.proc import local_server
 from monarch.broker.codec import loads
+from monarch.core.runtime import runtime
 from monarch.tensors import collectives, config, moving, tree
 from monarch.tensors.errors import Poison, RemoteTensorError
 from monarch.tensors.wire import Ref, resolve_func
@@ -265,8 +266,6 @@ def _error_fields(e: RemoteTensorError) -> list:
 
 def _call_actor(uid: str, method: str, args: tuple, kwargs: dict) -> Any:
     """Call an endpoint of the actor of mesh ``uid`` in this proc, in that actor's turn."""
-    from monarch.actors.proc import local_server
-
     rt = runtime()
     deadline = time.monotonic() + config.timeout()
     inst = local_server(rt).actors.get(uid)

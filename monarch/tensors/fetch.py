@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from monarch.actors.future import Future
+from monarch.core.future import Future
 from monarch.tensors import tree
 from monarch.tensors.controller import controller_for
 from monarch.tensors.errors import MeshError, RemoteTensorError
@@ -65,14 +65,14 @@ def fetch_shard(obj: T, shard: dict[str, int] | None = None, **kwargs: int) -> F
         try:
             status, value = f.get()
         except BaseException as e:
-            out._set_exception(e)
+            out.set_exception(e)
             return
         if status == "err":
             message, op, rank, tb = value
-            out._set_exception(RemoteTensorError(message, op=op, rank=rank, traceback=tb))
+            out.set_exception(RemoteTensorError(message, op=op, rank=rank, traceback=tb))
             return
         it = iter(value)
-        out._set_result(
+        out.set_result(
             tree.unflatten([next(it) if isinstance(v, Tensor) else v for v in leaves], spec)
         )
 

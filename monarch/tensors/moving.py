@@ -21,8 +21,8 @@ import itertools
 import threading
 from typing import TYPE_CHECKING, Any
 
-from monarch.actors.runtime import Runtime, runtime
 from monarch.broker.codec import dumps, loads
+from monarch.core.runtime import Runtime, runtime
 from monarch.rdma.bulk import fetch, offload
 from monarch.tensors import config, tree
 from monarch.tensors.controller import controller_for

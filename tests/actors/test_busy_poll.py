@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from monarch.actor import this_host
-from monarch.actors.busy_poll import WAIT_HEADER, BusyPoll
-from monarch.actors.runtime import LocalMsg
 from monarch.broker.config import Settings
+from monarch.core.busy_poll import WAIT_HEADER, BusyPoll
+from monarch.core.runtime import LocalMsg
 from tests.actors.actors_for_tests import Echo
 from tests.conftest import captured_traffic
 

@@ -10,8 +10,8 @@ import pytest
 
 from monarch.actors import messages as m
 from monarch.broker.codec import dumps, loads
+from monarch.broker.registry import HeartbeatSeen, list_hosts
 from monarch.hosts.protocol import PING, SPAWN, visible_device
-from monarch.hosts.registry import HeartbeatSeen, list_hosts
 from monarch.supervision.streams import heartbeat_stream
 from tests.hosts.agents import start_agent, unique_label
 

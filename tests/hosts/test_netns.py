@@ -25,8 +25,8 @@ from tests.hosts.netns import Lab, unavailable
 @contextlib.contextmanager
 def client_runtime_on(url: str):
     """This process's client runtime, connected to ``url`` for the duration (then as before)."""
-    from monarch.actors.runtime import shutdown_runtime
     from monarch.broker.config import settings
+    from monarch.core.runtime import shutdown_runtime
 
     saved = os.environ.get("MONARCH_NATS_URL")
     shutdown_runtime()

@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from monarch.actors.runtime import runtime
 from monarch.broker.codec import dumps, loads
+from monarch.core.runtime import runtime
 from monarch.rdma import BufferDroppedError, bulk
 from monarch.rdma.owner import current_owner, local_owner
 from tests.rdma.rdma_actors import checksum, pattern

@@ -6,8 +6,9 @@ import time
 
 from monarch.actor import Actor, context, endpoint
 from monarch.actors.proc import local_server
-from monarch.actors.runtime import runtime
 from monarch.broker import subjects
+from monarch.actors.process_state import actor_process
+from monarch.core.runtime import runtime
 
 
 class Counter(Actor):
@@ -35,7 +36,7 @@ class Counter(Actor):
 
     @endpoint
     def replies_resent(self) -> int:
-        return runtime().replies.resent
+        return actor_process(runtime()).replies.resent
 
     @endpoint
     def slow(self, seconds: float) -> float:

@@ -16,9 +16,10 @@ import pytest
 from monarch.actor import MessageLostError, this_host
 from monarch.actors import messages as m
 from monarch.actors.lost_sends import SENT
-from monarch.actors.runtime import runtime
 from monarch.broker import subjects
 from monarch.broker.codec import dumps, loads
+from monarch.actors.process_state import actor_process
+from monarch.core.runtime import runtime
 from tests.reliability.node_actors import Counter
 
 
@@ -133,4 +134,4 @@ def test_a_call_that_never_reaches_one_rank_fails_instead_of_waiting(nats_url, c
     with pytest.raises(MessageLostError, match="rank 1 .* never received it") as caught:
         counters.ping.call(5).get(timeout=60)
     assert caught.value.counts == {1: 1}
-    assert runtime().prober.lost >= 1
+    assert actor_process(runtime()).prober.lost >= 1

@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PRELUDE = """
     import collections, json, os, signal, threading, time
     from monarch.actor import BrokerLostError, MessageLostError, this_host
-    from monarch.actors.runtime import runtime
+    from monarch.actors.process_state import actor_process
+    from monarch.core.runtime import runtime
     from tests.reliability.node_actors import Counter
 
     nodes = {int(k): v for k, v in json.loads(os.environ["TEST_NODES"]).items()}
@@ -96,7 +97,7 @@ def test_calls_complete_or_raise_when_a_replying_procs_node_dies(tmp_path):
             "max_s": max(durations), "calls": len(durations),
             "victim_hosts": proc_nodes.count(victim), "victim_is_client": victim == client_node,
             "after": list(mesh.ping.call(-1).get(timeout=30).values()),
-            "probes": runtime().prober.probes,
+            "probes": actor_process(runtime()).prober.probes,
             "resent": sum(mesh.replies_resent.call().get(timeout=30).values()),
         }))
         procs.stop().get(timeout=60)

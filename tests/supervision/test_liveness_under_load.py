@@ -115,7 +115,7 @@ def test_blocked_event_loop_is_reported_as_stalled_not_dead(tmp_path, nats_url):
         import json
         import time
         from monarch.actor import Actor, context, endpoint, this_host
-        from monarch.actors.runtime import runtime
+        from monarch.core.runtime import runtime
         from monarch.actors.supervisor import supervisor_of
 
         class Blocker(Actor):

@@ -18,10 +18,11 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
-from monarch.hosts.protocol import HOST_UID_ENV, ps_subject
-from monarch.hosts.registry import PROCS, open_bucket
+from monarch.broker.registry import HOST_UID_ENV, PROCS, open_bucket
+from monarch.broker.subjects import ps_subject
 
 log = logging.getLogger(__name__)
 
@@ -39,30 +40,18 @@ def _entry(rt: Any) -> dict[str, Any]:
     }
 
 
-def _actors(server: Any) -> list[dict[str, Any]]:
-    out = []
-    for inst in list(server.actors.values()):
-        cls = getattr(inst, "cls", None)
-        out.append(
-            {
-                "mesh": inst.name,
-                "mesh_uid": inst.uid,
-                "rank": inst.rank,
-                "class": getattr(cls, "__qualname__", str(cls)),
-                "sizes": dict(inst.extent),
-            }
-        )
-    return out
+def register_proc(rt: Any, list_actors: Callable[[], list[dict[str, Any]]]) -> None:
+    """Register this proc (``rt``: its Runtime). Loop only.
 
-
-def register_proc(rt: Any, server: Any) -> None:
-    """Register this proc (``rt``: its Runtime, ``server``: its ProcServer). Loop only."""
+    ``list_actors()`` says what the proc hosts, for ``monarch ps``: one dict per
+    actor with ``mesh``, ``mesh_uid``, ``rank``, ``class`` and ``sizes``.
+    """
     entry = _entry(rt)
     body = json.dumps(entry).encode()
 
     def on_ps(msg: Any) -> None:
         if msg.reply:
-            answer = {**entry, "actors": _actors(server)}
+            answer = {**entry, "actors": list_actors()}
             rt.publish(msg.reply, json.dumps(answer).encode(), {"Mon-Kind": "ps"})
 
     async def register() -> Any:

@@ -27,6 +27,7 @@ from monarch.broker.auth import auth_of
 
 HOSTS = "hosts"
 PROCS = "procs"
+HOST_UID_ENV = "MONARCH_HOST_UID"  # set in procs an agent starts: which agent did
 
 
 def bucket_name(namespace: str, what: str) -> str:
@@ -115,7 +116,7 @@ async def list_hosts(nc: Client, namespace: str) -> list[HostInfo]:
 
 
 async def list_procs(nc: Client, namespace: str) -> list[dict[str, Any]]:
-    """Registered procs (see :mod:`monarch.hosts.proc_registry`), ordered by uid."""
+    """Registered procs (see :mod:`monarch.core.proc_registry`), ordered by uid."""
     procs = []
     for value in (await read_all(nc, namespace, PROCS)).values():
         with contextlib.suppress(ValueError):

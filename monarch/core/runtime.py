@@ -1,10 +1,15 @@
-"""The per-process runtime: one NATS connection, one event loop, ports and local actors.
+"""The per-process runtime: one NATS connection, one event loop, ports and control.
 
 Every OS process that takes part (the client script and each proc) has exactly
-one :class:`Runtime`. In a proc the loop is the main thread's; in the client
-the runtime starts on first use, runs its loop on a daemon thread so that plain
-synchronous scripts can block on ``.get()``, and, when ``MONARCH_NATS_URL`` is
-unset, starts an embedded nats-server that it stops at exit.
+one :class:`Runtime`. In a proc the loop is the main thread's; in the client it
+runs on a daemon thread so that plain synchronous scripts can block on
+``.get()``. Who starts it is not this module's business: a proc builds one at
+start-up (:mod:`monarch.actors.proc`), the client's is started on first use by
+the starter that :mod:`monarch.actors.client` hands in (:func:`set_starter`).
+
+The runtime knows NATS and nothing of actors: the actor layer plugs in what it
+needs (control kinds with :meth:`Runtime.handle_ctl_kind`, connection listeners,
+closers), so the core never imports upward.
 
 All publishing goes through one ordered outbox on the loop, and all receiving
 through one ordered intake (:mod:`monarch.broker.intake`), which is what makes
@@ -14,12 +19,11 @@ per-sender ordering hold end to end.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import collections
+import importlib
 import itertools
 import logging
 import os
-import secrets
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -27,12 +31,12 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from monarch.actors.busy_poll import WAIT_HEADER, BusyPoll
-from monarch.actors.future import mark_loop_thread
 from monarch.broker import batch, subjects
-from monarch.broker.config import Settings, settings
+from monarch.broker.config import Settings
 from monarch.broker.connect import connect
 from monarch.broker.intake import subscribe_ordered
+from monarch.core.busy_poll import WAIT_HEADER, BusyPoll
+from monarch.core.future import mark_loop_thread
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +77,11 @@ class Runtime:
         self.is_client = False
         self.root_uid = proc_uid  # the root client's proc uid (procs learn it from the environment)
         self._ports: dict[int, PortHandler] = {}
-        self.mesh_states: dict[str, Any] = {}  # actor mesh uid -> MeshState known here
         self._port_ids = itertools.count(1)
         self._mesh_handlers: dict[str, Callable[[Msg], None]] = {}
         self._ctl_handler: Callable[[Msg], None] | None = None
+        # Control kinds answered here, in arrival order, before the proc's server.
+        self._ctl_kinds: dict[str, Callable[[Msg], None]] = {}
         self._inbox: collections.deque = collections.deque()  # calls from other threads
         self._inbox_scheduled = False
         # Fire-and-forget messages to one subject waiting to leave as one (monarch.broker.batch).
@@ -94,10 +99,9 @@ class Runtime:
         self._own_port_prefix = subjects.port(cfg.namespace, proc_uid, "")
         self._own_ctl = subjects.ctl_proc(cfg.namespace, proc_uid)
         self.busy_poll = BusyPoll(loop, cfg.busy_poll_us)
-        # What recovers lost calls, replies and sends (set up by connect).
-        self.replies: Any = None  # monarch.actors.lost_replies.ReplyLedger
-        self.prober: Any = None  # monarch.actors.lost_replies.CallProber
-        self.sends: Any = None  # monarch.actors.lost_sends.SendCounter
+        # Stops this process's runtime and all it started; set by whoever started
+        # it (the client bootstrap), called once by shutdown_runtime().
+        self.stop_process: Callable[[], None] | None = None
 
     # -- start and stop ----------------------------------------------------
 
@@ -121,20 +125,6 @@ class Runtime:
             self.nc, subjects.port_wildcard(ns, self.proc_uid), self._on_port, poke
         )
         await subscribe_ordered(self.nc, subjects.ctl_proc(ns, self.proc_uid), self._on_ctl, poke)
-        self._start_loss_recovery()
-
-    def _start_loss_recovery(self) -> None:
-        # Imported here: they speak the actor protocol, whose modules import this one.
-        from monarch.actors.lost_replies import CallProber, ReplyLedger
-        from monarch.actors.lost_sends import SendCounter
-
-        self.replies = ReplyLedger(self)
-        self.prober = CallProber(self)
-        self.sends = SendCounter(self)
-        self.connection_listeners.append(self.replies.connection_changed)
-        self.connection_listeners.append(self.sends.connection_changed)
-        self.prober.start()
-        self.sends.start()
 
     async def close(self) -> None:
         for closer in reversed(self._closers):
@@ -389,32 +379,26 @@ class Runtime:
         handler(msg)
 
     def set_ctl_handler(self, handler: Callable[[Msg], None]) -> None:
+        """The proc's control server: every control message no kind handler takes."""
         self._ctl_handler = handler
 
+    def handle_ctl_kind(self, kind: str, handler: Callable[[Msg], None]) -> None:
+        """Answer control messages of ``Mon-Kind: kind`` here, in arrival order.
+
+        They skip the proc's control server, so they keep their place among the
+        calls they concern (the loss-recovery probes rely on that).
+        """
+        self._ctl_kinds[kind] = handler
+
     def _on_ctl(self, msg: Msg) -> None:
-        kind = (msg.headers or {}).get("Mon-Kind")
-        if kind == "probe" and self.replies is not None:
-            self.replies.answer_probe(msg)  # here, in arrival order: after the calls it asks about
-            return
-        if kind == "lost":
-            self._on_lost(msg)
+        handler = self._ctl_kinds.get((msg.headers or {}).get("Mon-Kind", ""))
+        if handler is not None:
+            handler(msg)
             return
         if self._ctl_handler is None:
             log.warning("control message %s ignored: this process hosts no actors", msg.subject)
             return
         self._ctl_handler(msg)
-
-    def _on_lost(self, msg: Msg) -> None:
-        """An actor found a hole in this process's messages to it (see monarch.actors.lost_sends)."""
-        from monarch.broker.codec import loads
-
-        try:
-            mesh_uid, rank, count, subject = loads(msg.data)
-            st = self.mesh_states.get(mesh_uid)
-            if st is not None:
-                st.note_lost(int(rank), int(count), str(subject))
-        except Exception as e:
-            log.warning("malformed loss report on %s: %r", msg.subject, e)
 
     async def subscribe_mesh(self, subject: str, handler: Callable[[Msg], None]) -> Any:
         return await subscribe_ordered(self.nc, subject, handler, self.busy_poll.on_message)
@@ -424,33 +408,40 @@ class Runtime:
 
 _runtime: Runtime | None = None
 _runtime_lock = threading.Lock()
-_embedded_url: str | None = None  # the URL of the broker this process started, if any
-_parents_url: str | None = None  # in a forked child: the parent's embedded broker, not ours
 _inherited: list[Runtime] = []  # in a forked child: the parent's runtime, kept and never used
-_atexit_registered = False
-_lost_timeout_set: list[str] = []  # the MONARCH_BROKER_LOST_TIMEOUT we set for our procs
+_starter: Callable[[], Runtime] | None = None
+
+# The client bootstrap (embedded broker, loop thread, zygote, supervision) is
+# the top of the actor layer, :mod:`monarch.actors.client`, which hands itself
+# in with :func:`set_starter` when imported. A script that reaches runtime()
+# before importing it (say one that only made an RDMABuffer) gets it loaded
+# here by name, at run time: the one place the core names a higher layer.
+_DEFAULT_STARTER_MODULE = "monarch.actors.client"
 
 
-def _forget_lost_timeout() -> None:
-    while _lost_timeout_set:
-        value = _lost_timeout_set.pop()
-        if os.environ.get("MONARCH_BROKER_LOST_TIMEOUT") == value:
-            del os.environ["MONARCH_BROKER_LOST_TIMEOUT"]
+def set_starter(starter: Callable[[], Runtime]) -> None:
+    """Hand in what :func:`runtime` calls to start this process's runtime on first use."""
+    global _starter
+    _starter = starter
 
 
 def runtime() -> Runtime:
     """This process's runtime, starting the client runtime on first use."""
+    global _runtime
     rt = _runtime
     if rt is not None:
         return rt
     with _runtime_lock:
         if _runtime is None:
-            _start_client_runtime()
-        return _runtime  # type: ignore[return-value]
+            if _starter is None:
+                importlib.import_module(_DEFAULT_STARTER_MODULE)  # calls set_starter
+            assert _starter is not None, f"{_DEFAULT_STARTER_MODULE} installs no starter"
+            _runtime = _starter()
+        return _runtime
 
 
-def install_runtime(rt: Runtime) -> None:
-    """Make ``rt`` this process's runtime (a proc calls this at start-up)."""
+def install_runtime(rt: Runtime | None) -> None:
+    """Make ``rt`` this process's runtime (a proc calls this at start-up; None forgets it)."""
     global _runtime
     _runtime = rt
 
@@ -459,159 +450,29 @@ def current_runtime_or_none() -> Runtime | None:
     return _runtime
 
 
-def _start_client_runtime() -> None:
-    """Start the broker if needed, the loop thread, and connect: the client becomes the root."""
-    global _runtime, _embedded_url, _atexit_registered
-    settings.cache_clear()  # the environment as it is now, when the client starts
-    cfg = settings()
-    from monarch.actors.launcher import prestart_zygote
-
-    # Procs fork from it, so their imports are paid once, in the background, while
-    # the broker starts; each fork request carries the proc's environment (URL too).
-    prestart_zygote()
-    broker = None
-    url = cfg.nats_url
-    if url and url == _parents_url:
-        url = None  # a forked child's own broker: the parent's dies with the parent
-    if not url:
-        from monarch.broker.server import EmbeddedBroker
-
-        # Loopback only, and a token that only the procs we start receive (in
-        # MONARCH_NATS_URL, i.e. the environment, which only we can read; the
-        # server reads it from a private config file, never from its argv).
-        broker = EmbeddedBroker(token=secrets.token_urlsafe(18)).start()
-        url = broker.url
-        # Procs we start inherit the URL through the environment.
-        os.environ["MONARCH_NATS_URL"] = url
-        _embedded_url = url
-        # This broker dies only with us: for our procs, losing it is losing their
-        # owner, which the heartbeat timeout bounds (not the longer wait for a
-        # broker that restarts). Matters where the kernel does not tie them to us
-        # (MONARCH_DIE_WITH_PARENT=0).
-        if "MONARCH_BROKER_LOST_TIMEOUT" not in os.environ:
-            os.environ["MONARCH_BROKER_LOST_TIMEOUT"] = str(cfg.heartbeat_timeout)
-            _lost_timeout_set.append(str(cfg.heartbeat_timeout))
-    loop = new_event_loop()
-    uid = subjects.new_uid()
-    rt = Runtime(proc_uid=f"client-{uid}", loop=loop, cfg=cfg)
-    rt.is_client = True
-    started = threading.Event()
-    thread = threading.Thread(
-        target=_run_loop_forever, args=(loop, started), name="monarch-runtime", daemon=True
-    )
-    thread.start()
-    started.wait()
-    try:
-        asyncio.run_coroutine_threadsafe(_connect_client(rt, url), loop).result(30)
-    except BaseException:
-        loop.call_soon_threadsafe(loop.stop)
-        if broker is not None:
-            broker.stop()
-            if os.environ.get("MONARCH_NATS_URL") == url:
-                del os.environ["MONARCH_NATS_URL"]  # a retry starts a new broker
-            _embedded_url = None
-            _forget_lost_timeout()
-        raise
-    _runtime = rt
-
-    def shutdown() -> None:
-        # Every wait is bounded (about stop_timeout + 20 s in all): exit never hangs.
-        global _runtime, _embedded_url
-        try:
-            asyncio.run_coroutine_threadsafe(rt.close(), loop).result(cfg.stop_timeout + 5)
-        except Exception:
-            log.exception("monarch runtime did not close cleanly")
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
-        if broker is not None:
-            broker.stop()
-            if os.environ.get("MONARCH_NATS_URL") == url:
-                del os.environ["MONARCH_NATS_URL"]
-            _embedded_url = None
-            _forget_lost_timeout()
-        _runtime = None
-
-    rt._shutdown = shutdown  # type: ignore[attr-defined]
-    if not _atexit_registered:  # once: a restarted runtime is shut down by the same handler
-        atexit.register(shutdown_runtime)
-        _atexit_registered = True
-
-
 def _forget_parent_after_fork() -> None:
-    """In a forked child (``os.fork``, multiprocessing's fork): the parent's runtime is not ours.
+    """In a forked child the parent's runtime is not ours (see monarch.actors.client).
 
-    Its loop thread, heartbeats and launcher did not survive the fork, and its
-    broker, zygote and procs belong to the parent: the child must neither use
-    them (it would wait forever on a loop that does not run) nor stop them (at
-    its exit it would kill them under the parent). So the child starts with
-    no runtime; on first use it starts its own, with its own broker, and what
-    it starts dies with it. The parent's objects are kept referenced, never
-    collected: their destructors might act on sockets, pipes and event-loop
-    state shared with the parent.
+    Its loop thread did not survive the fork: the child must not use it (it
+    would wait forever on a loop that does not run), so it starts with no
+    runtime. The parent's object is kept referenced, never collected: its
+    destructors might act on sockets and event-loop state shared with the parent.
     """
-    global _runtime, _runtime_lock, _embedded_url, _parents_url
+    global _runtime, _runtime_lock
     if _runtime is not None:
         _inherited.append(_runtime)
     _runtime = None
     _runtime_lock = threading.Lock()  # another thread may have held it at the fork
-    if _embedded_url is not None:
-        _parents_url = _embedded_url  # MONARCH_NATS_URL still names it; stays the parent's
-    _embedded_url = None
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_parent_after_fork)
 
 
-async def _connect_client(rt: Runtime, url: str) -> None:
-    await rt.connect(url)
-    from monarch.actors.proc import local_server
-    from monarch.actors.supervisor import start_supervision
-
-    await start_supervision(rt, create_streams=True, owner_proc=None)
-    # The root also serves control messages: this_proc() actors, controllers.
-    local_server(rt)
-
-
-def _run_loop_forever(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:
-    asyncio.set_event_loop(loop)
-    loop.call_soon(started.set)
-    loop.run_forever()
-
-
 def shutdown_runtime() -> None:
-    """Stop everything the client runtime started (procs, broker); idempotent."""
+    """Stop everything this process's runtime started (procs, broker); idempotent."""
     rt = _runtime
-    if rt is not None and getattr(rt, "_shutdown", None) is not None:
-        fn = rt._shutdown  # type: ignore[attr-defined]
-        rt._shutdown = None  # type: ignore[attr-defined]
+    if rt is not None and rt.stop_process is not None:
+        fn = rt.stop_process
+        rt.stop_process = None
         fn()
-
-
-def shutdown_context() -> Any:
-    """Stop everything this client started (procs, actors, embedded broker).
-
-    Returns a future that completes when all is down. A later use of the API
-    starts afresh. Not callable from inside an actor.
-    """
-    from monarch.actors.future import Future
-
-    fut: Future[None] = Future()
-    rt = _runtime
-    if rt is None:
-        fut._set_result(None)
-        return fut
-    if not rt.is_client or rt.on_loop_thread():
-        raise RuntimeError(
-            "shutdown_context() is for the client script, not for code inside actors"
-        )
-
-    def run() -> None:
-        try:
-            shutdown_runtime()
-            fut._set_result(None)
-        except BaseException as e:
-            fut._set_exception(e)
-
-    threading.Thread(target=run, name="monarch-shutdown", daemon=True).start()
-    return fut

@@ -54,13 +54,15 @@ class Future(Generic[R]):
     def __init__(self, cf: concurrent.futures.Future | None = None) -> None:
         self._cf: concurrent.futures.Future = cf if cf is not None else concurrent.futures.Future()
 
-    # -- completing (runtime side) ---------------------------------------
+    # -- completing (whoever produces the value) -------------------------
 
-    def _set_result(self, value: Any) -> None:
+    def set_result(self, value: Any) -> None:
+        """Complete with ``value``; a no-op when already complete (the first outcome wins)."""
         if not self._cf.done():
             self._cf.set_result(value)
 
-    def _set_exception(self, exc: BaseException) -> None:
+    def set_exception(self, exc: BaseException) -> None:
+        """Complete with ``exc``, raised by ``get``/``await``; a no-op when already complete."""
         if not self._cf.done():
             self._cf.set_exception(exc)
 
@@ -70,7 +72,7 @@ class Future(Generic[R]):
     @classmethod
     def from_value(cls, value: Any) -> Future:
         f: Future = cls()
-        f._set_result(value)
+        f.set_result(value)
         return f
 
     @classmethod

@@ -1,0 +1,224 @@
+"""The root of the owner tree: starting the client's runtime on first use.
+
+This is the top of the actor layer. Importing it hands :func:`start_client` to
+the core (:func:`monarch.core.runtime.set_starter`), so the first use of the
+API in a client script (``this_host()``, an ``RDMABuffer``, ...) starts,
+in this order: the zygote procs fork from, the embedded nats-server when
+``MONARCH_NATS_URL`` is unset, the runtime's loop on a daemon thread, the
+connection, loss recovery, supervision (with the root's fault hook) and the
+root's control server (``this_proc()`` actors, controllers). At exit
+everything it started is stopped again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import os
+import secrets
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from monarch.actors.launcher import prestart_zygote
+from monarch.actors.loss_recovery import start_loss_recovery
+from monarch.actors.proc import local_server
+from monarch.actors.supervisor import start_supervision
+from monarch.broker import subjects
+from monarch.broker.config import settings
+from monarch.broker.server import EmbeddedBroker
+from monarch.core.future import Future
+from monarch.core.runtime import (
+    Runtime,
+    current_runtime_or_none,
+    install_runtime,
+    new_event_loop,
+    set_starter,
+    shutdown_runtime,
+)
+from monarch.supervision.failure import MeshFailure
+
+log = logging.getLogger(__name__)
+
+_embedded_url: str | None = None  # the URL of the broker this process started, if any
+_parents_url: str | None = None  # in a forked child: the parent's embedded broker, not ours
+_atexit_registered = False
+_lost_timeout_set: list[str] = []  # the MONARCH_BROKER_LOST_TIMEOUT we set for our procs
+
+
+def default_unhandled_fault_hook(failure: MeshFailure) -> None:
+    """Print the failure and exit the client with status 1."""
+    print(f"Unhandled monarch failure:\n{failure.report()}", file=sys.stderr, flush=True)
+    done = threading.Thread(target=shutdown_runtime, daemon=True)
+    done.start()
+    done.join(10)
+    os._exit(1)
+
+
+# Where the root finds the fault hook when a failure reaches it. The public
+# facade (monarch.actor) hands in a lookup of its ``unhandled_fault_hook``
+# attribute, which users assign as in Monarch.
+_fault_hook_source: Callable[[], Callable[[MeshFailure], Any] | None] = lambda: None  # noqa: E731
+
+
+def set_fault_hook_source(source: Callable[[], Callable[[MeshFailure], Any] | None]) -> None:
+    """Hand in where the root's fault hook is looked up, at each failure."""
+    global _fault_hook_source
+    _fault_hook_source = source
+
+
+def current_fault_hook() -> Callable[[MeshFailure], Any]:
+    """The hook a failure that reaches the root runs: the user's, or the default."""
+    return _fault_hook_source() or default_unhandled_fault_hook
+
+
+def _forget_lost_timeout() -> None:
+    while _lost_timeout_set:
+        value = _lost_timeout_set.pop()
+        if os.environ.get("MONARCH_BROKER_LOST_TIMEOUT") == value:
+            del os.environ["MONARCH_BROKER_LOST_TIMEOUT"]
+
+
+def start_client() -> Runtime:
+    """Start the broker if needed, the loop thread, and connect: the client becomes the root."""
+    global _embedded_url, _atexit_registered
+    settings.cache_clear()  # the environment as it is now, when the client starts
+    cfg = settings()
+    # Procs fork from it, so their imports are paid once, in the background, while
+    # the broker starts; each fork request carries the proc's environment (URL too).
+    prestart_zygote()
+    broker = None
+    url = cfg.nats_url
+    if url and url == _parents_url:
+        url = None  # a forked child's own broker: the parent's dies with the parent
+    if not url:
+        # Loopback only, and a token that only the procs we start receive (in
+        # MONARCH_NATS_URL, i.e. the environment, which only we can read; the
+        # server reads it from a private config file, never from its argv).
+        broker = EmbeddedBroker(token=secrets.token_urlsafe(18)).start()
+        url = broker.url
+        # Procs we start inherit the URL through the environment.
+        os.environ["MONARCH_NATS_URL"] = url
+        _embedded_url = url
+        # This broker dies only with us: for our procs, losing it is losing their
+        # owner, which the heartbeat timeout bounds (not the longer wait for a
+        # broker that restarts). Matters where the kernel does not tie them to us
+        # (MONARCH_DIE_WITH_PARENT=0).
+        if "MONARCH_BROKER_LOST_TIMEOUT" not in os.environ:
+            os.environ["MONARCH_BROKER_LOST_TIMEOUT"] = str(cfg.heartbeat_timeout)
+            _lost_timeout_set.append(str(cfg.heartbeat_timeout))
+    loop = new_event_loop()
+    uid = subjects.new_uid()
+    rt = Runtime(proc_uid=f"client-{uid}", loop=loop, cfg=cfg)
+    rt.is_client = True
+    started = threading.Event()
+    thread = threading.Thread(
+        target=_run_loop_forever, args=(loop, started), name="monarch-runtime", daemon=True
+    )
+    thread.start()
+    started.wait()
+    try:
+        asyncio.run_coroutine_threadsafe(_connect_client(rt, url), loop).result(30)
+    except BaseException:
+        loop.call_soon_threadsafe(loop.stop)
+        if broker is not None:
+            broker.stop()
+            if os.environ.get("MONARCH_NATS_URL") == url:
+                del os.environ["MONARCH_NATS_URL"]  # a retry starts a new broker
+            _embedded_url = None
+            _forget_lost_timeout()
+        raise
+
+    def shutdown() -> None:
+        # Every wait is bounded (about stop_timeout + 20 s in all): exit never hangs.
+        global _embedded_url
+        try:
+            asyncio.run_coroutine_threadsafe(rt.close(), loop).result(cfg.stop_timeout + 5)
+        except Exception:
+            log.exception("monarch runtime did not close cleanly")
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        if broker is not None:
+            broker.stop()
+            if os.environ.get("MONARCH_NATS_URL") == url:
+                del os.environ["MONARCH_NATS_URL"]
+            _embedded_url = None
+            _forget_lost_timeout()
+        install_runtime(None)
+
+    rt.stop_process = shutdown
+    if not _atexit_registered:  # once: a restarted runtime is shut down by the same handler
+        atexit.register(shutdown_runtime)
+        _atexit_registered = True
+    return rt
+
+
+def _forget_parent_after_fork() -> None:
+    """In a forked child (``os.fork``, multiprocessing's fork): the parent's broker is not ours.
+
+    The core forgets the parent's runtime (its loop thread, heartbeats and
+    launcher did not survive the fork); here the child forgets the broker the
+    parent started: it must neither use it nor stop it (at its exit it would
+    kill it under the parent). On first use the child starts its own, and
+    what it starts dies with it.
+    """
+    global _embedded_url, _parents_url
+    if _embedded_url is not None:
+        _parents_url = _embedded_url  # MONARCH_NATS_URL still names it; stays the parent's
+    _embedded_url = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_parent_after_fork)
+
+
+async def _connect_client(rt: Runtime, url: str) -> None:
+    await rt.connect(url)
+    start_loss_recovery(rt)
+    await start_supervision(
+        rt,
+        create_streams=True,
+        owner_proc=None,
+        find_actor=lambda actor_id: local_server(rt).find(actor_id),
+        fault_hook=current_fault_hook,
+    )
+    # The root also serves control messages: this_proc() actors, controllers.
+    local_server(rt)
+
+
+def _run_loop_forever(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:
+    asyncio.set_event_loop(loop)
+    loop.call_soon(started.set)
+    loop.run_forever()
+
+
+def shutdown_context() -> Future[None]:
+    """Stop everything this client started (procs, actors, embedded broker).
+
+    Returns a future that completes when all is down. A later use of the API
+    starts afresh. Not callable from inside an actor.
+    """
+    fut: Future[None] = Future()
+    rt = current_runtime_or_none()
+    if rt is None:
+        fut.set_result(None)
+        return fut
+    if not rt.is_client or rt.on_loop_thread():
+        raise RuntimeError(
+            "shutdown_context() is for the client script, not for code inside actors"
+        )
+
+    def run() -> None:
+        try:
+            shutdown_runtime()
+            fut.set_result(None)
+        except BaseException as e:
+            fut.set_exception(e)
+
+    threading.Thread(target=run, name="monarch-shutdown", daemon=True).start()
+    return fut
+
+
+set_starter(start_client)
