@@ -8,59 +8,13 @@ in-process client runtime (and every proc it starts) at it.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 import signal
-import threading
-import time
 
 import pytest
 
 from monarch.broker.server import EmbeddedBroker
-
-
-def descendants(pid: int | None = None) -> set[int]:
-    """Pids of all live descendants of ``pid`` (default: this process), zombies excluded."""
-    root = os.getpid() if pid is None else pid
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        rest = stat.rsplit(")", 1)[1].split()
-        state, ppid = rest[0], int(rest[1])
-        if state == "Z":
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = set(), [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in out:
-                out.add(child)
-                todo.append(child)
-    return out
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
+from tests.helpers import descendants, wait_until
 
 
 @pytest.fixture(scope="session")
@@ -72,7 +26,7 @@ def nats_url():
     settings.cache_clear()
     # The client's proc zygote lives as long as the session: start it before any
     # test counts its processes.
-    from monarch.actors.launcher import ensure_zygote
+    from monarch.actors.procs.launcher import ensure_zygote
     from monarch.core.runtime import runtime
 
     runtime()
@@ -130,42 +84,3 @@ def root_faults(monkeypatch):
     yield recorder
     if not recorder.expected:
         assert recorder.failures == [], f"unexpected unhandled failures: {recorder.failures}"
-
-
-@contextlib.contextmanager
-def captured_traffic(url: str, subject: str = "mon.default.>"):
-    """Collect ``(subject, headers, data)`` of every message on ``subject`` while inside.
-
-    A raw nats-py subscriber on a thread of its own, the way a person watching
-    with ``nats sub`` would see the traffic; subscribed before the block runs,
-    and given a moment after it to receive the last messages.
-    """
-    captured: list = []
-    stop = threading.Event()
-    listening = threading.Event()
-
-    async def listen():
-        import nats
-
-        nc = await nats.connect(url)
-
-        async def on(msg):
-            captured.append((msg.subject, msg.headers or {}, msg.data))
-
-        await nc.subscribe(subject, cb=on)
-        await nc.flush()
-        listening.set()
-        while not stop.is_set():
-            await asyncio.sleep(0.02)
-        await nc.flush()
-        await nc.close()
-
-    thread = threading.Thread(target=lambda: asyncio.run(listen()), daemon=True)
-    thread.start()
-    assert listening.wait(30), "the traffic listener did not subscribe"
-    try:
-        yield captured
-    finally:
-        time.sleep(0.3)
-        stop.set()
-        thread.join(30)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import descendants, pid_alive, wait_until
+from tests.helpers import descendants, pid_alive, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -2,10 +2,29 @@
 
 This module only re-exports; the work lives in :mod:`monarch.actors`. The
 README's support table says, name by name, what is supported.
+
+Layer: the public facade, above every runtime layer; below only the CLI.
 """
 
-from monarch.actors.actor import Actor
-from monarch.actors.actor_mesh import ActorMesh, MessageTooLargeError
+from monarch.actors.calls.actor import Actor
+from monarch.actors.calls.actor_mesh import ActorMesh, MessageTooLargeError
+from monarch.actors.calls.context import (
+    Context,
+    Instance,
+    context,
+    current_actor_name,
+    current_rank,
+    current_size,
+)
+from monarch.actors.calls.endpoint import (
+    Accumulator,
+    as_endpoint,
+    concurrent_endpoint,
+    endpoint,
+    send,
+)
+from monarch.actors.calls.endpoint import ActorEndpoint as Endpoint
+from monarch.actors.calls.ports import Channel, Port, PortReceiver
 from monarch.actors.client import default_unhandled_fault_hook as unhandled_fault_hook
 from monarch.actors.client import set_fault_hook_source as _set_fault_hook_source
 from monarch.actors.client import shutdown_context
@@ -18,17 +37,6 @@ from monarch.actors.compat import (
     proc_mesh,
     sim_proc_mesh,
 )
-from monarch.actors.context import (
-    Context,
-    Instance,
-    context,
-    current_actor_name,
-    current_rank,
-    current_size,
-)
-from monarch.actors.controllers import get_or_spawn_controller
-from monarch.actors.endpoint import Accumulator, as_endpoint, concurrent_endpoint, endpoint, send
-from monarch.actors.endpoint import ActorEndpoint as Endpoint
 from monarch.actors.errors import (
     ActorError,
     BrokerLostError,
@@ -42,11 +50,11 @@ from monarch.actors.errors import (
     SpawnError,
     SupervisionError,
 )
-from monarch.actors.host_mesh import HostMesh, default_bootstrap_cmd, this_host
-from monarch.actors.ports import Channel, Port, PortReceiver
-from monarch.actors.proc_mesh import ProcMesh, this_proc
-from monarch.actors.shape import Extent, Point
-from monarch.actors.value_mesh import ValueMesh
+from monarch.actors.meshes.shape import Extent, Point
+from monarch.actors.meshes.value_mesh import ValueMesh
+from monarch.actors.procs.controllers import get_or_spawn_controller
+from monarch.actors.procs.host_mesh import HostMesh, default_bootstrap_cmd, this_host
+from monarch.actors.procs.proc_mesh import ProcMesh, this_proc
 from monarch.broker import config
 from monarch.broker.connect import BrokerConnectionError
 from monarch.core.future import Future

@@ -22,10 +22,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from monarch.actors.launcher import prestart_zygote
-from monarch.actors.loss_recovery import start_loss_recovery
-from monarch.actors.proc import local_server
-from monarch.actors.supervisor import start_supervision
+from monarch.actors.hosting.server import local_server
+from monarch.actors.hosting.supervisor import start_supervision
+from monarch.actors.messaging.loss_recovery import start_loss_recovery
+from monarch.actors.procs.controllers import get_or_spawn_here
+from monarch.actors.procs.launcher import prestart_zygote
 from monarch.broker import subjects
 from monarch.broker.config import settings
 from monarch.broker.server import EmbeddedBroker
@@ -46,6 +47,11 @@ _embedded_url: str | None = None  # the URL of the broker this process started, 
 _parents_url: str | None = None  # in a forked child: the parent's embedded broker, not ours
 _atexit_registered = False
 _lost_timeout_set: list[str] = []  # the MONARCH_BROKER_LOST_TIMEOUT we set for our procs
+
+
+def embedded_broker_url() -> str | None:
+    """The URL (token included) of the nats-server this client started, if it started one."""
+    return _embedded_url
 
 
 def default_unhandled_fault_hook(failure: MeshFailure) -> None:
@@ -184,8 +190,10 @@ async def _connect_client(rt: Runtime, url: str) -> None:
         find_actor=lambda actor_id: local_server(rt).find(actor_id),
         fault_hook=current_fault_hook,
     )
-    # The root also serves control messages: this_proc() actors, controllers.
-    local_server(rt)
+    # The root also serves control messages: this_proc() actors, and the job's
+    # singleton controllers, which only the root hands out.
+    server = local_server(rt)
+    server.handle("controller", lambda msg: get_or_spawn_here(server, msg))
 
 
 def _run_loop_forever(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import enum
 from typing import Any, NoReturn
 
-from monarch.actors.host_mesh import this_host
-from monarch.actors.proc_mesh import ProcMesh
+from monarch.actors.procs.host_mesh import this_host
+from monarch.actors.procs.proc_mesh import ProcMesh
 
 
 def local_proc_mesh(*, gpus: int | None = None, hosts: int = 1, **_: Any) -> ProcMesh:

@@ -108,7 +108,7 @@ class MessageLostError(ConnectionError):
 
     ``counts`` maps each rank to how many of this process's messages to it were
     lost. Raised by the lost call itself, or by the next call or send on a mesh
-    that lost broadcasts (see :mod:`monarch.actors.lost_sends`).
+    that lost broadcasts (see :mod:`monarch.actors.messaging.lost_sends`).
     """
 
     def __init__(self, message: str, *, mesh: str = "", counts: dict[int, int] | None = None):

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 from monarch.core.runtime import Runtime
 
 if TYPE_CHECKING:  # annotations only: these modules use this one
-    from monarch.actors.lost_replies import CallProber, ReplyLedger
-    from monarch.actors.lost_sends import SendCounter
-    from monarch.actors.supervisor import Supervisor
+    from monarch.actors.hosting.supervisor import Supervisor
+    from monarch.actors.messaging.lost_replies import CallProber, ReplyLedger
+    from monarch.actors.messaging.lost_sends import SendCounter
 
 
 @dataclass(eq=False)
@@ -26,13 +26,13 @@ class ActorProcess:
 
     # actor mesh uid -> MeshState of every mesh this process knows (owns or calls)
     mesh_states: dict[str, Any] = field(default_factory=dict)
-    # heartbeats, liveness watching and failure routing (monarch.actors.supervisor)
+    # heartbeats, liveness watching and failure routing (monarch.actors.hosting.supervisor)
     supervisor: Supervisor | None = None
-    # what recovers lost calls, replies and sends (monarch.actors.lost_replies / lost_sends)
+    # what recovers lost calls, replies and sends (monarch.actors.messaging.lost_replies / lost_sends)
     replies: ReplyLedger | None = None
     prober: CallProber | None = None
     sends: SendCounter | None = None
-    # this_proc()'s one-proc mesh, made on first use (monarch.actors.proc_mesh)
+    # this_proc()'s one-proc mesh, made on first use (monarch.actors.procs.proc_mesh)
     this_proc_mesh: Any = None
 
 

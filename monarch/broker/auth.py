@@ -40,11 +40,12 @@ from typing import Any
 
 from nats.aio.client import Client
 
+from monarch.broker import headers as hdr
 from monarch.broker.config import Settings
 
 log = logging.getLogger(__name__)
 
-TAG = "Mon-Auth"
+TAG = hdr.AUTH
 KEY_ENV = "MONARCH_NATS_JOB_KEY"
 # Set once the open-broker warning was shown, so the procs this process starts
 # (which inherit the environment) do not repeat it: one warning per job.
@@ -68,7 +69,7 @@ class MessageAuth:
         lines = []
         if headers:
             for k in sorted(headers):
-                if k[:4] == "Mon-" and k != TAG:
+                if k[:4] == hdr.PREFIX and k != TAG:
                     v = headers[k].strip()
                     if "\n" in v or "\r" in v:
                         v = v.translate(_NEWLINES)  # what nats-py puts on the wire
@@ -104,7 +105,7 @@ class MessageAuth:
         if (
             headers.get("Status") == "503"
             and not msg.data
-            and not any(k.startswith("Mon-") for k in headers)
+            and not any(k.startswith(hdr.PREFIX) for k in headers)
         ):
             return True  # made by the server (it adds Description, Nats-Subject): unsigned
         _drops.add(msg.subject, "no Mon-Auth tag" if TAG not in headers else "a wrong tag")

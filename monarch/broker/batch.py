@@ -21,8 +21,10 @@ from typing import Any
 
 import msgpack
 
-KIND_HEADER = "Mon-Kind"
-COUNT_HEADER = "Mon-Count"
+from monarch.broker import headers as hdr
+
+KIND_HEADER = hdr.KIND
+COUNT_HEADER = hdr.COUNT
 BATCH = "batch"
 ITEM_MAX_BYTES = 16 * 1024  # bigger messages travel alone
 BATCH_MAX_BYTES = 256 * 1024

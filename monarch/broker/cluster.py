@@ -20,7 +20,7 @@ from pathlib import Path
 
 import nats
 
-from monarch.broker.server import _read_info, find_nats_server, free_port
+from monarch.broker.server import find_nats_server, free_port, read_info
 
 
 @dataclass
@@ -85,7 +85,7 @@ def nats_cluster(folder: Path, size: int = 3, timeout: float = 30.0):
         deadline = time.monotonic() + timeout
         for node in cluster.nodes:  # every node up, routed and with JetStream ready
             while True:
-                info = _read_info("127.0.0.1", node.port)
+                info = read_info("127.0.0.1", node.port)
                 if info and info.get("jetstream") and len(info.get("connect_urls") or []) >= size:
                     break
                 if time.monotonic() > deadline or node.proc.poll() is not None:

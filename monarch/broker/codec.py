@@ -3,7 +3,8 @@
 A body is msgpack: fast for the small control messages that dominate traffic
 and readable by any msgpack tool. msgpack alone would turn tuples into lists
 and drop subclasses, so what it cannot carry exactly uses extension types
-(codes 1..15 are the codec's, 16..127 are for :func:`register_ext`):
+(codes 1..15 are the codec's, 16..127 are for types registered in
+:mod:`monarch.broker.ext`, the registry this codec shares with the JSON mode):
 
 * **Marker arrays** (tuple, ndarray, tensor, bytearray, registered types): an
   array whose first item is an empty ext of the type's code, followed by the
@@ -33,33 +34,24 @@ from typing import Any
 import cloudpickle
 from msgpack import ExtType, Packer, unpackb
 
-from monarch.broker import buffers
+from monarch.broker import buffers, ext, json_wire
 from monarch.broker.config import settings
+from monarch.broker.ext import (
+    CodecError,
+    DecodeError,
+    EncodeError,
+    PicklingForbiddenError,
+    register_ext,
+)
+from monarch.broker.ext import type_name as _type_name
 
 __all__ = ["CodecError", "DecodeError", "EncodeError", "PicklingForbiddenError"]
 __all__ += ["dumps", "loads", "register_ext"]
 
 
-class CodecError(Exception):
-    """Base of the errors :func:`dumps` and :func:`loads` raise."""
-
-
-class EncodeError(CodecError, TypeError):
-    """The value cannot be turned into a message body; the message names the type and why."""
-
-
-class PicklingForbiddenError(EncodeError):
-    """The value needs cloudpickle, which ``MONARCH_PICKLE=0`` (or ``allow_pickle=False``) forbids."""
-
-
-class DecodeError(CodecError, ValueError):
-    """The bytes are not a body this codec (with its current settings) can decode."""
-
-
 _TUPLE, _NDARRAY, _TENSOR, _PICKLE, _BYTEARRAY, _BIGINT, _FRAME = 1, 2, 3, 4, 5, 6, 7
 _FRAME_HEAD = struct.Struct(">BbQ")  # msgpack fixext8: 0xd7, code, 8-byte length
 _PACKER_KEEPS = 1 << 20  # a Packer keeps its largest buffer; replace it after bigger bodies
-_NATIVE = frozenset((type(None), bool, int, float, str, bytes, bytearray, list, tuple, dict))
 _LEAVES = frozenset((type(None), bool, int, float, str, bytes, tuple))
 
 
@@ -72,38 +64,19 @@ class _Mark:
         self.ext, self.build = ExtType(code, b""), build
 
 
-_marks: dict[int, _Mark] = {}  # code -> mark: the codec's marker codes and registered ones
-_registered: dict[type, tuple[_Mark, Callable[[Any], Any]]] = {}  # cls -> (mark, encode)
-_register_lock = threading.Lock()
+# code -> mark of the codec's own marker codes, and of registered ones once seen
+_marks: dict[int, _Mark] = {}
 
 
-def register_ext(
-    code: int, cls: type, encode: Callable[[Any], Any], decode: Callable[[Any], Any]
-) -> None:
-    """Give ``cls`` (and its subclasses, unless registered themselves) its own ext code.
-
-    ``encode(obj)`` returns any value this codec can encode (tuples, tensors and
-    other registered types included); ``decode`` receives that value back, decoded.
-    Raises ValueError if ``code`` is outside 16..127 or taken, or if ``cls`` is
-    registered already or is a type msgpack encodes natively.
-    """
-    if type(code) is not int or not 16 <= code <= 127:
-        raise ValueError(
-            f"ext code must be an int in 16..127 (1..15 are the codec's), got {code!r}"
-        )
-    if not isinstance(cls, type) or cls in _NATIVE:
-        raise ValueError(f"cannot register {cls!r}: not a class, or one the codec encodes itself")
-    with _register_lock:
-        if code in _marks or cls in _registered:
-            raise ValueError(f"cannot register {cls.__qualname__} as {code}: already registered")
-        mark = _Mark(code, lambda _decoder, items: decode(items[1]))
-        _registered[cls] = (mark, encode)
-        _marks[code] = mark
-
-
-def _type_name(obj: Any) -> str:
-    t = type(obj)
-    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+def _mark_of(code: int) -> _Mark | None:
+    """The decoder's mark for a marker ext of ``code``: the codec's own or a registered type's."""
+    mark = _marks.get(code)
+    if mark is None:
+        registered = ext.by_code(code)
+        if registered is not None:
+            decode = registered.decode
+            mark = _marks[code] = _Mark(code, lambda _decoder, items: decode(items[1]))
+    return mark
 
 
 def _has_bytearray(values: Any) -> bool:
@@ -179,8 +152,8 @@ class _Encoder:
         t = type(obj)
         if t is tuple:
             return [_TUPLE_EXT, *(map(self._rewrite, obj) if _has_bytearray(obj) else obj)]
-        mark, encode = _registered.get(t, (None, None))
-        if mark is None:
+        registered = ext.by_class.get(t)
+        if registered is None:
             torch, np = sys.modules.get("torch"), sys.modules.get("numpy")
             if torch is not None and t in (torch.Tensor, torch.nn.Parameter):
                 if obj.layout == torch.strided and not obj.is_quantized and not obj.is_meta:
@@ -188,10 +161,9 @@ class _Encoder:
             if np is not None and t is np.ndarray:
                 if not obj.dtype.hasobject and obj.dtype.fields is None:
                     return self._ndarray(np, obj)
-            base = next((c for c in list(_registered) if isinstance(obj, c)), None)
-            mark, encode = _registered[base] if base is not None else (None, None)
-        if mark is not None:
-            return [mark.ext, self._prepare(encode(obj))]
+            registered = ext.for_value(obj)
+        if registered is not None:
+            return [registered.marker, self._prepare(registered.encode(obj))]
         if t is int:  # beyond 64 bits
             return ExtType(_BIGINT, obj.to_bytes((obj.bit_length() + 8) // 8, "big", signed=True))
         return self._pickle(obj)
@@ -221,7 +193,7 @@ class _Encoder:
                 f"cannot send a {_type_name(obj)}: it needs pickle, which is off (MONARCH_PICKLE=0"
                 " or allow_pickle=False). Set MONARCH_PICKLE=1, or send only None, bool, int,"
                 " float, str, bytes, bytearray, list, tuple, dict, torch tensors, numpy arrays"
-                " and types registered with monarch.broker.codec.register_ext."
+                " and types registered with monarch.broker.ext.register_ext."
             )
         try:
             return ExtType(_PICKLE, cloudpickle.dumps(obj, protocol=5))
@@ -277,8 +249,6 @@ def dumps(
     cfg = settings()
     allow = cfg.pickle if allow_pickle is None else bool(allow_pickle)
     if (wire or cfg.wire) == "json":
-        from monarch.broker import json_wire
-
         return json_wire.dumps(obj, allow_pickle=allow)
     enc = _encoders.by_allow[allow]
     enc = _Encoder(allow) if enc.busy else enc
@@ -300,8 +270,8 @@ class _Decoder:
         self.allow_pickle, self.region, self.take = allow_pickle, region, take
 
     def ext_hook(self, code: int, data: bytes) -> Any:
-        mark = _marks.get(code)
-        if mark is not None and not data:
+        mark = _mark_of(code) if not data else None
+        if mark is not None:
             return mark
         if code == _PICKLE:
             if not self.allow_pickle:
@@ -392,8 +362,6 @@ def loads(
     """
     allow = settings().pickle if allow_pickle is None else bool(allow_pickle)
     if len(data) > 1 and data[0] < 0x80:  # JSON: no msgpack body of 2+ bytes starts so
-        from monarch.broker import json_wire
-
         return json_wire.loads(data, allow_pickle=allow)
     try:
         if len(data) >= _FRAME_HEAD.size and data[0] == 0xD7 and data[1] == _FRAME:

@@ -9,7 +9,7 @@ keys, so those become one-key objects tagged with ``$``:
 ``{"$bytes": "<base64>"}``       bytes (``$bytearray`` for a bytearray)
 ``{"$tensor": {...}}``           a torch tensor: ``dtype``, ``shape``, base64 ``data``
 ``{"$ndarray": {...}}``          a numpy array, the same way
-``{"$ext": code, "value": v}``   a type registered with ``codec.register_ext``
+``{"$ext": code, "value": v}``   a type registered with ``ext.register_ext``
 ``{"$pickle": "<base64>"}``      anything else (cloudpickle; ``MONARCH_PICKLE=0`` forbids)
 ``{"$dict": [[k, v], ...]}``     a dict with a non-string key or a key starting with ``$``
 ===============================  ============================================
@@ -30,7 +30,8 @@ from typing import Any
 
 import cloudpickle
 
-from monarch.broker import codec
+from monarch.broker import ext
+from monarch.broker.ext import CodecError, DecodeError, EncodeError, PicklingForbiddenError
 
 
 def _b64(raw: bytes | bytearray | memoryview) -> str:
@@ -64,26 +65,22 @@ class _Encoder:
         if np is not None and t is np.ndarray:
             if not obj.dtype.hasobject and obj.dtype.fields is None:
                 return {"$ndarray": _ndarray(np, obj)}
-        registered = codec._registered.get(t)
-        if registered is None:
-            base = next((c for c in list(codec._registered) if isinstance(obj, c)), None)
-            registered = codec._registered[base] if base is not None else None
+        registered = ext.for_value(obj)
         if registered is not None:
-            mark, encode = registered
-            return {"$ext": mark.ext.code, "value": self.enc(encode(obj))}
+            return {"$ext": registered.code, "value": self.enc(registered.encode(obj))}
         return {"$pickle": self._pickle(obj)}
 
     def _pickle(self, obj: Any) -> str:
         if not self.allow_pickle:
-            raise codec.PicklingForbiddenError(
-                f"cannot send a {codec._type_name(obj)}: it needs pickle, which is off "
+            raise PicklingForbiddenError(
+                f"cannot send a {ext.type_name(obj)}: it needs pickle, which is off "
                 "(MONARCH_PICKLE=0 or allow_pickle=False)"
             )
         try:
             return _b64(cloudpickle.dumps(obj, protocol=5))
         except Exception as e:
-            raise codec.EncodeError(
-                f"cannot send a {codec._type_name(obj)}: cloudpickle failed: {type(e).__name__}: {e}"
+            raise EncodeError(
+                f"cannot send a {ext.type_name(obj)}: cloudpickle failed: {type(e).__name__}: {e}"
             ) from e
 
 
@@ -108,11 +105,11 @@ def dumps(obj: Any, *, allow_pickle: bool) -> bytes:
         text = json.dumps(
             _Encoder(allow_pickle).enc(obj), ensure_ascii=False, separators=(",", ":")
         )
-    except codec.CodecError:
+    except CodecError:
         raise
     except Exception as e:
-        raise codec.EncodeError(
-            f"cannot encode a {codec._type_name(obj)} as JSON: {type(e).__name__}: {e}"
+        raise EncodeError(
+            f"cannot encode a {ext.type_name(obj)} as JSON: {type(e).__name__}: {e}"
         ) from e
     return text.encode() + b"\n"
 
@@ -139,23 +136,23 @@ class _Decoder:
 
                 dtype = np.dtype(v["dtype"])
                 if dtype.hasobject:
-                    raise codec.DecodeError("bad array payload: object dtype")
+                    raise DecodeError("bad array payload: object dtype")
                 data = bytearray(base64.b64decode(v["data"]))
                 return np.frombuffer(data, dtype).reshape(v["shape"])
             if tag == "$pickle":
                 if not self.allow_pickle:
-                    raise codec.DecodeError(
+                    raise DecodeError(
                         "the body holds a pickled value and this receiver forbids pickle"
                         " (MONARCH_PICKLE=0 or allow_pickle=False)"
                     )
                 return cloudpickle.loads(base64.b64decode(v))
         if "$ext" in d:
-            mark = codec._marks.get(d["$ext"]) if d["$ext"] in range(16, 128) else None
-            if mark is None:
-                raise codec.DecodeError(f"unknown ext code {d['$ext']!r}")
-            return mark.build(None, [mark, d.get("value")])  # type: ignore[arg-type]
+            registered = ext.by_code(d["$ext"])
+            if registered is None:
+                raise DecodeError(f"unknown ext code {d['$ext']!r}")
+            return registered.decode(d.get("value"))
         if any(type(k) is str and k.startswith("$") for k in d):
-            raise codec.DecodeError(f"unknown tagged object {sorted(d)!r}")
+            raise DecodeError(f"unknown tagged object {sorted(d)!r}")
         return d
 
 
@@ -164,7 +161,7 @@ def _build_tensor(v: dict[str, Any]) -> Any:
 
     dtype = getattr(torch, v["dtype"], None)
     if not isinstance(dtype, torch.dtype):
-        raise codec.DecodeError(f"bad tensor payload: unknown dtype {v['dtype']!r}")
+        raise DecodeError(f"bad tensor payload: unknown dtype {v['dtype']!r}")
     data = bytearray(base64.b64decode(v["data"]))
     if not data:
         return torch.empty(v["shape"], dtype=dtype)
@@ -175,7 +172,7 @@ def loads(data: bytes | bytearray | memoryview, *, allow_pickle: bool) -> Any:
     """The value of a JSON body made by :func:`dumps`; raises the codec's DecodeError."""
     try:
         return json.loads(bytes(data), object_hook=_Decoder(allow_pickle).hook)
-    except codec.CodecError:
+    except CodecError:
         raise
     except Exception as e:
-        raise codec.DecodeError(f"malformed JSON body: {type(e).__name__}: {e}") from e
+        raise DecodeError(f"malformed JSON body: {type(e).__name__}: {e}") from e

@@ -22,6 +22,7 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KeyValue
 
+from monarch.broker import headers as hdr
 from monarch.broker import subjects
 from monarch.broker.auth import auth_of
 
@@ -155,7 +156,7 @@ class HeartbeatSeen:
         if auth is not None and not auth.accepts(msg):
             return  # not from this job (counted by accepts)
         uid = msg.subject.rsplit(".", 1)[-1]
-        if (msg.headers or {}).get("Mon-Kind") == "dead":
+        if (msg.headers or {}).get(hdr.KIND) == "dead":
             self.dead.add(uid)
         else:
             self.last[uid] = time.monotonic()

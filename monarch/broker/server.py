@@ -246,7 +246,7 @@ class EmbeddedBroker:
             if self._proc.poll() is not None:
                 taken = "address already in use" in self._log_tail().lower()
                 return "port-taken" if taken else "exited"
-            info = _read_info(_connect_host(self.host), port)
+            info = read_info(_connect_host(self.host), port)
             if info and info.get("server_name") == self.name:
                 if info.get("jetstream") or not self.jetstream:
                     return "ready"
@@ -388,7 +388,7 @@ def _format_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _read_info(host: str, port: int) -> dict | None:
+def read_info(host: str, port: int) -> dict | None:
     """The server's INFO greeting as a dict, or None if nothing answers yet."""
     try:
         with socket.create_connection((host, port), timeout=0.5) as s:

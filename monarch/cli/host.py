@@ -23,6 +23,7 @@ def parse_labels(items: list[str]) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported when the subcommand runs, so that `monarch --help` stays fast.
     from monarch.core.runtime import new_event_loop
     from monarch.hosts.agent import run_agent
 

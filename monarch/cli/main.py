@@ -86,10 +86,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if getattr(args, "namespace", None):
         os.environ["MONARCH_NAMESPACE"] = args.namespace
+        # Imported when the subcommand runs, so that `monarch --help` stays fast.
         from monarch.broker.config import settings
 
         settings.cache_clear()
     if args.command == "demo":
+        # Imported when the subcommand runs, so that `monarch --help` stays fast.
         from monarch.cli.demo import run
 
         return run(gpus=args.gpus)
@@ -98,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def broker_url(args: argparse.Namespace) -> str:
     """``--nats-url`` or ``MONARCH_NATS_URL``; exits with a message if neither is set."""
+    # Imported when the subcommand runs, so that `monarch --help` stays fast.
     from monarch.broker.config import settings
 
     url = args.nats_url or settings().nats_url

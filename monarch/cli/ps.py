@@ -154,6 +154,7 @@ def render(snap: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported when the subcommand runs, so that `monarch --help` stays fast.
     from monarch.broker.config import settings
     from monarch.hosts.connect import connect
 

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 import msgpack
 
 from monarch.broker import batch
+from monarch.broker import headers as hdr
 from monarch.broker.codec import CodecError, loads
 from monarch.cli.main import broker_url
 
@@ -85,7 +86,7 @@ def format_msg(msg: Any, width: int = 240, allow_pickle: bool = False) -> str:
     """``subject  Mon-Kind=call Mon-Endpoint=train ... reply=...  body``, cut to ``width``."""
     headers = msg.headers or {}
     parts = [msg.subject]
-    parts += [f"{k}={v}" for k, v in headers.items() if k.startswith("Mon-") or k == "Status"]
+    parts += [f"{k}={v}" for k, v in headers.items() if k.startswith(hdr.PREFIX) or k == "Status"]
     if msg.reply:
         parts.append(f"reply={msg.reply}")
     if batch.is_batch(msg) and not msg.reply:
@@ -115,6 +116,7 @@ async def tail(
     allow_pickle: bool = False,
 ) -> int:
     """Print messages on ``subject`` until ``count`` were printed, ``seconds`` passed, or Ctrl-C."""
+    # Imported when the subcommand runs, so that `monarch --help` stays fast.
     from monarch.hosts.connect import connect
 
     nc = await connect(url, "monarch-tail", timeout=10)
@@ -144,6 +146,7 @@ async def tail(
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported when the subcommand runs, so that `monarch --help` stays fast.
     from monarch.broker.config import settings
 
     url = broker_url(args)

@@ -255,6 +255,7 @@ def check_inert(key: str, value: Any) -> Any:
     """``value`` for an inert key, checked against the type of Monarch's default."""
     default = INERT[key]
     if key == DEFAULT_TRANSPORT:
+        # Deferred: monarch.actors is only needed when a script asks for this key.
         from monarch.actors.compat import ChannelTransport
 
         if isinstance(value, ChannelTransport):

@@ -24,7 +24,9 @@ import os
 import time
 from typing import Any
 
-WAIT_HEADER = "Mon-Wait"  # value "one": a caller blocks on this single reply
+from monarch.broker import headers as hdr
+
+WAIT_HEADER = hdr.WAIT  # value "one": a caller blocks on this single reply
 
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
 

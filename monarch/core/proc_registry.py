@@ -1,6 +1,6 @@
 """A proc says where it is: an entry in ``monarch-<ns>-procs`` and answers to ``monarch ps``.
 
-:func:`register_proc` is the one hook :mod:`monarch.actors.proc` calls. It
+:func:`register_proc` is the one hook :mod:`monarch.actors.hosting.proc` calls. It
 puts ``{uid, pid, hostname, host_uid, owner, root, rank, started_at}`` under
 the proc's uid (removed again when the runtime closes; the host agent removes
 the entry of a proc it reaps) and answers requests on ``mon.<ns>.ctl.ps``
@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from monarch.broker import headers as hdr
 from monarch.broker.registry import HOST_UID_ENV, PROCS, open_bucket
 from monarch.broker.subjects import ps_subject
 
@@ -52,7 +53,7 @@ def register_proc(rt: Any, list_actors: Callable[[], list[dict[str, Any]]]) -> N
     def on_ps(msg: Any) -> None:
         if msg.reply:
             answer = {**entry, "actors": list_actors()}
-            rt.publish(msg.reply, json.dumps(answer).encode(), {"Mon-Kind": "ps"})
+            rt.publish(msg.reply, json.dumps(answer).encode(), {hdr.KIND: "ps"})
 
     async def register() -> Any:
         await rt.subscribe_mesh(ps_subject(rt.namespace), on_ps)

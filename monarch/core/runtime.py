@@ -4,7 +4,7 @@ Every OS process that takes part (the client script and each proc) has exactly
 one :class:`Runtime`. In a proc the loop is the main thread's; in the client it
 runs on a daemon thread so that plain synchronous scripts can block on
 ``.get()``. Who starts it is not this module's business: a proc builds one at
-start-up (:mod:`monarch.actors.proc`), the client's is started on first use by
+start-up (:mod:`monarch.actors.hosting.proc`), the client's is started on first use by
 the starter that :mod:`monarch.actors.client` hands in (:func:`set_starter`).
 
 The runtime knows NATS and nothing of actors: the actor layer plugs in what it
@@ -32,6 +32,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from monarch.broker import batch, subjects
+from monarch.broker import headers as hdr
 from monarch.broker.config import Settings
 from monarch.broker.connect import connect
 from monarch.broker.intake import subscribe_ordered
@@ -44,15 +45,22 @@ PortHandler = Callable[[Msg], None]
 
 
 class LocalMsg:
-    """A message that never left this process; quacks like nats-py's ``Msg``."""
+    """A message handed over inside this process; quacks like nats-py's ``Msg``.
 
-    __slots__ = ("subject", "data", "reply", "headers")
+    ``owned``: ``data`` belongs to this message alone (a big body fetched out of
+    band), so a decoder may use its memory in place instead of copying it.
+    """
 
-    def __init__(self, subject: str, data: bytes, reply: str, headers: dict | None) -> None:
+    __slots__ = ("subject", "data", "reply", "headers", "owned")
+
+    def __init__(
+        self, subject: str, data: Any, reply: str, headers: dict | None, owned: bool = False
+    ) -> None:
         self.subject = subject
         self.data = data
         self.reply = reply
         self.headers = headers
+        self.owned = owned
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -391,7 +399,7 @@ class Runtime:
         self._ctl_kinds[kind] = handler
 
     def _on_ctl(self, msg: Msg) -> None:
-        handler = self._ctl_kinds.get((msg.headers or {}).get("Mon-Kind", ""))
+        handler = self._ctl_kinds.get((msg.headers or {}).get(hdr.KIND, ""))
         if handler is not None:
             handler(msg)
             return

@@ -7,4 +7,7 @@ A client finds registered agents with ``attach_to_workers``
 (:mod:`monarch.hosts.attach`) and its proc meshes start procs through them
 (:mod:`monarch.hosts.launcher`). Everything travels over NATS; an agent opens
 no port of its own.
+
+Layer: above :mod:`monarch.actors` (agents serve actor procs; their launcher
+is handed to the host meshes they make), beside :mod:`monarch.tensors`.
 """

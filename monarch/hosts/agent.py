@@ -4,8 +4,8 @@ An agent connects to the broker, registers in the ``monarch-<ns>-hosts`` KV
 bucket, heartbeats on ``mon.<ns>.hb.<host-uid>`` and serves requests on
 ``mon.<ns>.ctl.host.<host-uid>`` (see :mod:`monarch.hosts.protocol`), one at a
 time, in order. Procs are started exactly as a client starts local ones
-(``python -m monarch.actors.proc``, environment from
-:func:`monarch.actors.launcher.proc_env`), but with the *requesting client*
+(``python -m monarch.actors.hosting.proc``, environment from
+:func:`monarch.actors.procs.launcher.proc_env`), but with the *requesting client*
 as their owner, so they exit when it dies; the agent also watches each
 owner's heartbeat and kills the procs of an owner that is gone. Each proc
 gets a reaper thread blocked in ``wait()``, so its end is reported to its
@@ -32,9 +32,9 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
-from monarch.actors import messages as m
-from monarch.actors.launcher import proc_env
-from monarch.actors.shape import Extent
+from monarch.actors.meshes.shape import Extent
+from monarch.actors.messaging import messages as m
+from monarch.actors.procs.launcher import proc_env
 from monarch.broker import subjects
 from monarch.broker._pdeathsig import child_dies_with_parent
 from monarch.broker.codec import dumps, loads
@@ -257,7 +257,7 @@ class HostAgent:
             env["CUDA_VISIBLE_DEVICES"] = p.visible_device(
                 os.environ.get("CUDA_VISIBLE_DEVICES"), coord
             )
-        cmd = [sys.executable, "-m", "monarch.actors.proc", "--uid", uid, "--ready", spec["ready"]]
+        cmd = [sys.executable, "-m", "monarch.actors.hosting.proc", "--uid", uid, "--ready", spec["ready"]]
         tie = functools.partial(child_dies_with_parent, os.getpid())
         return subprocess.Popen(
             cmd,

@@ -19,8 +19,8 @@ from typing import Any
 
 from nats.aio.client import Client
 
-from monarch.actors.host_mesh import HostMesh
-from monarch.actors.shape import Extent, View
+from monarch.actors.meshes.shape import Extent, View
+from monarch.actors.procs.host_mesh import HostMesh
 from monarch.broker.config import settings
 from monarch.broker.registry import HeartbeatSeen, HostInfo, list_hosts
 from monarch.core.runtime import new_event_loop, runtime

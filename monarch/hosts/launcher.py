@@ -1,7 +1,7 @@
 """``AgentLauncher``: a proc mesh's procs, started by host agents instead of by us.
 
-It has :class:`~monarch.actors.launcher.LocalLauncher`'s interface, so
-:class:`~monarch.actors.proc_mesh.ProcMeshState` drives both the same way.
+It has :class:`~monarch.actors.procs.launcher.LocalLauncher`'s interface, so
+:class:`~monarch.actors.procs.proc_mesh.ProcMeshState` drives both the same way.
 Proc rank ``r`` of a mesh with ``n`` procs per host runs on host ``r // n``.
 The handles it returns have no ``popen``: a proc's end arrives as an ``exit``
 message from its agent (on a port of ours), and ``ProcHandle.kill()`` asks the
@@ -18,12 +18,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from monarch.actors import messages as m
 from monarch.actors.errors import ProcStartError
-from monarch.actors.launcher import ProcHandle
-from monarch.actors.rpc import request_all
-from monarch.actors.shape import Extent
-from monarch.actors.supervisor import supervisor_of
+from monarch.actors.hosting.supervisor import supervisor_of
+from monarch.actors.meshes.shape import Extent
+from monarch.actors.messaging import messages as m
+from monarch.actors.messaging.rpc import request_all
+from monarch.actors.procs.launcher import ProcHandle
 from monarch.broker import subjects
 from monarch.broker.codec import dumps, loads
 from monarch.broker.registry import HostInfo

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import os
 
+from monarch.broker import headers as hdr
 from monarch.broker.registry import HOST_UID_ENV
 
 SPAWN, KILL, PING, EXIT = "spawn", "kill", "ping", "exit"
-PROC = "Mon-Proc"  # header of exit reports: the proc that ended
+PROC = hdr.PROC  # header of exit reports: the proc that ended
 
 
 # Per-proc variables, never copied from a client to its remote procs; nor are

@@ -4,6 +4,9 @@ This module only re-exports; the work lives in the modules beside it:
 :mod:`.buffer` (``RDMABuffer``), :mod:`.action` (``RDMAAction``),
 :mod:`.transports` (ibverbs, same_host, tcp, and how one is chosen),
 :mod:`.bulk` (big messages out of band), :mod:`.errors`.
+
+Layer: above :mod:`monarch.core` and :mod:`monarch.broker`, which is all it
+imports; the actor runtime builds on it (big message bodies go out of band here).
 """
 
 from monarch.rdma import control as _control  # noqa: F401  (installs the ibverbs exchange)

@@ -26,7 +26,8 @@ import os
 from typing import Any
 
 from monarch.broker import buffers
-from monarch.broker.codec import dumps, loads, register_ext
+from monarch.broker.codec import dumps, loads
+from monarch.broker.ext import register_ext
 from monarch.core.runtime import current_runtime_or_none
 from monarch.rdma import config, transfer
 from monarch.rdma.handle import BufferHandle
@@ -134,3 +135,35 @@ async def fetch_async(
         return body
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(transfer.executor(), lambda: fetch(body, timeout=timeout))
+
+
+# -- the one pair every sender and receiver of a message body uses ------------------
+
+
+def encode_body(value: Any, *, readers: int | None, ttl: float | None = None) -> bytes:
+    """``value`` as a message body: encoded, and kept here for ``readers`` if it is big.
+
+    A big body stays in this process and the message carries a reference to
+    it, which each of ``readers`` fetches once (:func:`decode_body`).
+    """
+    body = offload(dumps(value, big_out=True), readers=readers, ttl=ttl)
+    return body if isinstance(body, bytes) else bytes(body)
+
+
+def decode_body(data: Any, *, owned: bool = False) -> Any:
+    """The value of a message body; a reference's bytes are fetched first (blocks).
+
+    ``owned``: ``data`` was fetched already and is this caller's alone (a
+    :class:`~monarch.core.runtime.LocalMsg` says so), so tensors in it are used
+    in place, not copied.
+    """
+    if owned:
+        return loads(data, take=True)
+    body = fetch(data)
+    return loads(body, take=body is not data)
+
+
+async def decode_body_async(data: Any) -> Any:
+    """:func:`decode_body` for event loops: a reference's bytes are fetched off the loop."""
+    body = await fetch_async(data)
+    return loads(body, take=body is not data)

@@ -32,12 +32,13 @@ from typing import Any
 
 from nats.aio.client import Client
 
+from monarch.broker import headers as hdr
 from monarch.broker import subjects
 
 log = logging.getLogger(__name__)
 
-KIND = "Mon-Kind"
-STALL = "Mon-Loop-Stall"  # seconds the sender's event loop has not turned (0.000: it turns)
+KIND = hdr.KIND
+STALL = hdr.LOOP_STALL  # seconds the sender's event loop has not turned (0.000: it turns)
 
 
 class LoopClock:
@@ -138,7 +139,7 @@ class Heartbeater:
                         )
                 if nc is not None:
                     n += 1
-                    headers = {KIND: "alive", "Mon-Seq": str(n)}
+                    headers = {KIND: "alive", hdr.SEQ: str(n)}
                     if self.clock is not None:
                         headers[STALL] = f"{self.clock.stalled_for():.3f}"
                     try:

@@ -16,6 +16,9 @@ side), :mod:`collectives`, :mod:`remote`, :mod:`fetch`, :mod:`moving`,
 
 The names below load on first use, so importing this package (or
 ``monarch.actor``) does not import torch; using them does.
+
+Layer: above :mod:`monarch.actors` (the engine's workers are actors), beside
+:mod:`monarch.hosts`; the actor layer reaches it only through its two doors.
 """
 
 from importlib import import_module as _import_module
@@ -62,6 +65,7 @@ def reduce(
     tensors: Any, dims: Any, reduction: str = "sum", scatter: bool = False, mesh: Any = None
 ) -> Any:
     """:meth:`Tensor.reduce` for every tensor in ``tensors`` (a tensor or a structure of them)."""
+    # Imported when called: the package's __init__ runs before each of its modules, which build on these.
     from monarch.tensors import tree
     from monarch.tensors.tensor import Tensor
 
@@ -76,6 +80,7 @@ def reduce_(
     tensors: Any, dims: Any, reduction: str = "sum", scatter: bool = False, mesh: Any = None
 ) -> Any:
     """:meth:`Tensor.reduce_` for every tensor in ``tensors``."""
+    # Imported when called: the package's __init__ runs before each of its modules, which build on these.
     from monarch.tensors import tree
     from monarch.tensors.tensor import Tensor
 
@@ -92,6 +97,7 @@ def worker_stats(mesh: Any) -> Any:
     Ordered with the op stream (handles dropped before the call are freed by
     then). For tests and debugging memory.
     """
+    # Imported when called: the package's __init__ runs before each of its modules, which build on these.
     from monarch.tensors.controller import controller_for
 
     return controller_for(mesh).call_all("stats")

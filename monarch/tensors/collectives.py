@@ -34,14 +34,16 @@ from urllib.parse import urlparse
 import torch
 import torch.distributed as dist
 
+from monarch.actors.meshes.mesh_ops import view_of
 from monarch.core.runtime import runtime
 from monarch.tensors import config
 from monarch.tensors.controller import controller_for
 from monarch.tensors.errors import Poison, RemoteTensorError
+from monarch.tensors.moving import keep_on
 from monarch.tensors.tensor import Tensor, meta_empty
 
 if TYPE_CHECKING:
-    from monarch.actors.proc_mesh import ProcMesh
+    from monarch.actors.procs.proc_mesh import ProcMesh
 
 REDUCTIONS = ("sum", "avg", "max", "min", "product", "stack")
 _OPS = {
@@ -79,7 +81,7 @@ def reduce(
     """
     if not isinstance(t, Tensor):
         raise TypeError(f"reduce() takes a monarch.Tensor, not {type(t).__name__}")
-    view = t._mesh._view
+    view = view_of(t._mesh)
     labels = view.extent.labels
     dims = (dims,) if isinstance(dims, str) else tuple(dims)
     if not dims:
@@ -119,8 +121,6 @@ def reduce(
     entry = ("reduce", t._ref, out._ref, groups, reduction, scatter, name, list(meta.shape))
     ctl.send(view, (*entry, str(meta.dtype)))
     if mesh is not None:
-        from monarch.tensors.moving import keep_on
-
         return keep_on(out, mesh)
     return out
 

@@ -34,10 +34,11 @@ import threading
 import weakref
 from typing import Any
 
-from monarch.actors.actor_mesh import ActorMesh
+from monarch.actors.calls.actor_mesh import ActorMesh
 from monarch.actors.errors import MeshStoppedError
-from monarch.actors.proc_mesh import ProcMesh
-from monarch.actors.shape import Extent, View
+from monarch.actors.meshes.mesh_ops import state_of
+from monarch.actors.meshes.shape import Extent, View
+from monarch.actors.procs.proc_mesh import ProcMesh
 from monarch.broker.codec import dumps
 from monarch.core.future import Future
 from monarch.tensors import config
@@ -158,7 +159,7 @@ class Controller:
     # -- the op stream ------------------------------------------------------------------
 
     def check_alive(self) -> None:
-        ws = self.workers._state
+        ws = state_of(self.workers)
         if ws.stopped is not None or self.state.stopping:
             raise MeshStoppedError(
                 f"proc mesh {self.state.name!r} is stopped; its tensors are gone"
@@ -323,7 +324,7 @@ class Controller:
     def _mesh_for(self, view: View) -> ActorMesh:
         mesh = self._meshes.get(view)
         if mesh is None:
-            mesh = self._meshes[view] = ActorMesh(self.workers._state, view)
+            mesh = self._meshes[view] = ActorMesh(state_of(self.workers), view)
         return mesh
 
     # -- once per proc mesh -----------------------------------------------------------

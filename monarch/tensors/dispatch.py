@@ -24,11 +24,12 @@ from typing import Any
 import torch
 import torch.utils._device
 
+from monarch.actors.meshes.mesh_ops import state_of, view_of
 from monarch.tensors import propagation, tree
 from monarch.tensors.controller import controller_for
 from monarch.tensors.errors import MeshError
 from monarch.tensors.tensor import Tensor, meta_like, owner_of
-from monarch.tensors.wire import Lit, Ref, literal
+from monarch.tensors.wire import Lit, Ref, func_spec, literal
 
 T = torch.Tensor
 CONSTRUCTORS = frozenset(torch.utils._device._device_constructors())
@@ -166,7 +167,7 @@ class Walk:
 
 
 def _same_mesh(a: Any, b: Any) -> bool:
-    return a._state is b._state and a._view == b._view
+    return state_of(a) is state_of(b) and view_of(a) == view_of(b)
 
 
 def _target_device(func: Any, w: Walk, args: tuple, kwargs: dict) -> Any:
@@ -217,8 +218,6 @@ def _run_meta(func: Any, margs: tuple, mkwargs: dict, device: Any, w: Walk) -> A
 
 
 def _name(func: Any) -> str:
-    from monarch.tensors.wire import func_spec
-
     try:
         return func_spec(func)[2]
     except Exception:
@@ -253,7 +252,7 @@ def run_op(func: Any, args: tuple, kwargs: dict, mesh: Any = None) -> Any:
             fresh.append((i, leaf, ref))
     if not refs and out is not None:
         return out  # a question about metadata that the meta tensors answered
-    ctl.op(mesh._view, func, wargs, wkwargs, refs, torch.is_grad_enabled())
+    ctl.op(view_of(mesh), func, wargs, wkwargs, refs, torch.is_grad_enabled())
     for i, meta, ref in fresh:
         leaves[i] = Tensor(meta, mesh, ctl, ref, device)
     return tree.unflatten(leaves, spec)

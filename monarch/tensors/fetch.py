@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from monarch.actors.meshes.mesh_ops import state_of, view_of
 from monarch.core.future import Future
 from monarch.tensors import tree
 from monarch.tensors.controller import controller_for
@@ -20,9 +21,9 @@ T = TypeVar("T")
 
 
 def _rank(mesh: Any, coords: dict[str, int] | None) -> int:
-    extent = mesh._view.extent
+    extent = view_of(mesh).extent
     if not coords:
-        return mesh._view.ranks[0]
+        return view_of(mesh).ranks[0]
     unknown = set(coords) - set(extent.labels)
     if unknown:
         raise KeyError(f"no dimension(s) {sorted(unknown)} in mesh {extent!r}")
@@ -32,7 +33,7 @@ def _rank(mesh: Any, coords: dict[str, int] | None) -> int:
     for d in extent.labels:
         if not 0 <= coords[d] < extent[d]:
             raise IndexError(f"{d}={coords[d]} out of range for mesh {extent!r}")
-    return mesh._view.ranks[extent.rank_of([coords[d] for d in extent.labels])]
+    return view_of(mesh).ranks[extent.rank_of([coords[d] for d in extent.labels])]
 
 
 def fetch_shard(obj: T, shard: dict[str, int] | None = None, **kwargs: int) -> Future[T]:
@@ -54,7 +55,7 @@ def fetch_shard(obj: T, shard: dict[str, int] | None = None, **kwargs: int) -> F
     for h in handles:
         if h._ref is None:
             raise MeshError(f"{h._describe()} was dropped (t.drop()) and cannot be fetched")
-        if h._mesh._state is not mesh._state or h._mesh._view != mesh._view:
+        if state_of(h._mesh) is not state_of(mesh) or view_of(h._mesh) != view_of(mesh):
             raise MeshError("fetch_shard(): all tensors must live on the same mesh")
     ctl = controller_for(mesh)
     ctl.check_alive()

@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from monarch.tensors.controller import controller_for
 from monarch.tensors.dispatch import CONSTRUCTORS, dispatch, dispatch_factory
 from monarch.tensors.tensor import Tensor
 
 if TYPE_CHECKING:
-    from monarch.actors.proc_mesh import ProcMesh
+    from monarch.actors.procs.proc_mesh import ProcMesh
 
 _tls = threading.local()
 
@@ -71,8 +72,6 @@ class _Mode(TorchFunctionMode):
 @contextlib.contextmanager
 def _activate(mesh: ProcMesh | None) -> Iterator[None]:
     if mesh is not None:
-        from monarch.tensors.controller import controller_for
-
         controller_for(mesh)  # spawn the workers now, while the user expects to wait
     stack = _stack()
     stack.append(mesh)

@@ -21,18 +21,19 @@ import itertools
 import threading
 from typing import TYPE_CHECKING, Any
 
-from monarch.broker.codec import dumps, loads
+from monarch.actors.meshes.mesh_ops import state_of, view_of
+from monarch.broker import headers as hdr
 from monarch.core.runtime import Runtime, runtime
-from monarch.rdma.bulk import fetch, offload
+from monarch.rdma.bulk import decode_body, encode_body
 from monarch.tensors import config, tree
 from monarch.tensors.controller import controller_for
 from monarch.tensors.errors import MeshError, Poison, RemoteTensorError
 from monarch.tensors.tensor import Tensor, meta_like
 
 if TYPE_CHECKING:
-    from monarch.actors.proc_mesh import ProcMesh
+    from monarch.actors.procs.proc_mesh import ProcMesh
 
-_XFER = "Mon-Xfer"
+_XFER = hdr.XFER
 _xfer_ids = itertools.count(1)
 
 
@@ -44,12 +45,12 @@ class MeshSliceTensor:
         self.mesh = mesh
 
     def __repr__(self) -> str:
-        return f"MeshSliceTensor({self.tensor._describe()}, {self.mesh._view.extent!r})"
+        return f"MeshSliceTensor({self.tensor._describe()}, {view_of(self.mesh).extent!r})"
 
     def to_mesh(self, mesh: ProcMesh) -> Tensor:
         """A copy on ``mesh`` (ordered with all other ops; does not block)."""
-        t, src = self.tensor, self.mesh._view
-        dst = mesh._view
+        t, src = self.tensor, view_of(self.mesh)
+        dst = view_of(mesh)
         if t._ref is None:
             raise MeshError(f"{t._describe()} was dropped (t.drop()) and cannot be used")
         s_labels, d_labels = src.extent.labels, dst.extent.labels
@@ -107,12 +108,12 @@ def slice_mesh(tensors: Any, **coords: int | slice) -> Any:
 
 def keep_on(t: Tensor, mesh: ProcMesh) -> Tensor:
     """``t``'s shards on ``mesh``, a slice of its mesh (the other procs drop theirs)."""
-    view = t._mesh._view
-    if mesh._state is not t._mesh._state or not set(mesh._view.ranks) <= set(view.ranks):
+    view = view_of(t._mesh)
+    if state_of(mesh) is not state_of(t._mesh) or not set(view_of(mesh).ranks) <= set(view.ranks):
         raise ValueError(f"mesh= must be a slice of the tensor's mesh {view.extent!r}")
     ctl = controller_for(mesh)
     out = Tensor(meta_like(t._meta), mesh, ctl, ctl.new_ref(), t._device)
-    ctl.send(mesh._view, ("alias", t._ref, out._ref))
+    ctl.send(view_of(mesh), ("alias", t._ref, out._ref))
     return out
 
 
@@ -159,7 +160,7 @@ def move_out(worker: Any, src: int, xfer: str, plan: dict) -> None:
         payload = ("err", [str(err), err.op, err.rank, ""])
     else:
         payload = ("ok", value)
-    body = offload(dumps(payload), readers=len(subjects))
+    body = encode_body(payload, readers=len(subjects))
     rt = runtime()
     for subject in subjects:
         rt.call_soon(rt.publish, subject, body, {_XFER: xfer})
@@ -172,7 +173,7 @@ def move_in(worker: Any, dst: int, xfer: str, aliases: dict, expect: list) -> No
         worker._do_alias(src_ref, dst)
         return
     try:
-        status, value = loads(fetch(worker.inbox.take(xfer, config.timeout())))
+        status, value = decode_body(worker.inbox.take(xfer, config.timeout()))
     except Exception as e:
         worker.poison(dst, worker.error("to_mesh", e))
         return

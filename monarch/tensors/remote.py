@@ -33,6 +33,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
+from monarch.actors.meshes.mesh_ops import state_of, view_of
 from monarch.tensors import config, tree
 from monarch.tensors.controller import Controller, controller_for
 from monarch.tensors.dispatch import Walk
@@ -133,7 +134,7 @@ def _send(ctl: Controller, mesh: Any, out: Any, entry: Callable[[Any, Any], tupl
     refs = [ctl.new_ref() for _ in metas]
     expect = [[list(m.shape), str(m.dtype)] for _, m in metas]
     device = w.handles[0]._device if w.handles else torch.device("cpu")
-    ctl.send(mesh._view, entry(refs, expect))
+    ctl.send(view_of(mesh), entry(refs, expect))
     for (i, meta), ref in zip(metas, refs):
         leaves[i] = Tensor(meta, mesh, ctl, ref, device)
     return tree.unflatten(leaves, spec)
@@ -142,7 +143,7 @@ def _send(ctl: Controller, mesh: Any, out: Any, entry: Callable[[Any, Any], tupl
 def _round_trip(ctl: Controller, mesh: Any, entry: Callable[[Any, Any], tuple], name: str) -> Any:
     """Run it, keep the whole result under one ref, ask the first proc what it is, unpack."""
     whole = ctl.new_ref()
-    view = mesh._view
+    view = view_of(mesh)
     ctl.send(view, entry(whole, None))
     reply = ctl.call(view.ranks[0], "describe", whole).get(config.timeout())
     if reply[0] == "err":
@@ -175,7 +176,7 @@ def actor_rref(endpoint: Any, args: tuple, kwargs: dict) -> Any:
     """``endpoint.rref(*args, **kwargs)``: see the module docstring."""
     prop = endpoint._prop
     if prop.explicit_response_port:
-        raise ValueError(f"{endpoint._qualname} answers through a port and cannot be rref'd")
+        raise ValueError(f"{endpoint.qualname} answers through a port and cannot be rref'd")
     endpoint._check(args, kwargs)
     w = Walk()
     margs, wargs = w(args)
@@ -184,10 +185,10 @@ def actor_rref(endpoint: Any, args: tuple, kwargs: dict) -> Any:
     ctl = controller_for(mesh)
     ctl.check_alive()
     _check_colocated(ctl, endpoint, mesh)
-    uid = endpoint._mesh._state.uid
+    uid = state_of(endpoint.mesh).uid
     grad = torch.is_grad_enabled()
 
-    name = f"{endpoint._qualname}.rref"
+    name = f"{endpoint.qualname}.rref"
 
     def entry(results: Any, expect: Any) -> tuple:
         return ("actor", uid, prop.name, name, wargs, wkwargs, results, grad, expect)
@@ -201,7 +202,7 @@ def actor_rref(endpoint: Any, args: tuple, kwargs: dict) -> Any:
 
 def _check_colocated(ctl: Controller, endpoint: Any, mesh: Any) -> None:
     """Every proc of ``mesh`` must host an actor of the endpoint's mesh."""
-    st = endpoint._mesh._state
+    st = state_of(endpoint.mesh)
 
     def hosted() -> list[int] | None:
         for mesh_state, proc_ranks in list(ctl.state.actor_meshes):
@@ -220,7 +221,7 @@ def _check_colocated(ctl: Controller, endpoint: Any, mesh: Any) -> None:
             f"actor mesh {st.name!r} was not spawned on the procs of {mesh!r}: rref() runs the "
             "endpoint where the tensors live, so spawn the actors there (procs.spawn(...))"
         )
-    covered = {proc_ranks[r] for r in endpoint._mesh._view.ranks}
-    missing = sorted(set(mesh._view.ranks) - covered)
+    covered = {proc_ranks[r] for r in view_of(endpoint.mesh).ranks}
+    missing = sorted(set(view_of(mesh).ranks) - covered)
     if missing:
         raise ValueError(f"no actor of {st.name!r} on proc rank(s) {missing} of {mesh!r}")

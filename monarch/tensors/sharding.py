@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from monarch.actors.meshes.mesh_ops import view_of
 from monarch.tensors.controller import controller_for, single
 from monarch.tensors.fetch import fetch_shard
+from monarch.tensors.mode import no_mesh
 from monarch.tensors.tensor import Tensor, meta_empty
 
 if TYPE_CHECKING:
-    from monarch.actors.proc_mesh import ProcMesh
+    from monarch.actors.procs.proc_mesh import ProcMesh
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ Placement = Shard | Replicate
 
 
 def _check(shape: Sequence[int], mesh: ProcMesh, placements: Sequence[Placement]) -> list[int]:
-    extent = mesh._view.extent
+    extent = view_of(mesh).extent
     if len(placements) != len(extent):
         raise ValueError(
             f"{len(placements)} placements for a mesh of {len(extent)} dimensions {extent!r}"
@@ -85,9 +87,8 @@ def distribute(tensor: torch.Tensor, mesh: ProcMesh, placements: Sequence[Placem
     local_shape = _check(tensor.shape, mesh, placements)
     ctl = controller_for(mesh)
     ctl.check_alive()
-    view = mesh._view
+    view = view_of(mesh)
     extent = view.extent
-    from monarch.tensors.mode import no_mesh
 
     with torch.no_grad(), no_mesh.activate():
         data = tensor.detach()
@@ -110,7 +111,7 @@ def full_tensor(t: Tensor, placements: Sequence[Placement] | None = None) -> tor
     placements = tuple(placements) if placements is not None else t._placements
     if placements is None:
         raise ValueError("full_tensor() needs placements: this tensor was not made by distribute()")
-    extent = t._mesh._view.extent
+    extent = view_of(t._mesh).extent
     if len(placements) != len(extent):
         raise ValueError(f"{len(placements)} placements for a mesh of {len(extent)} dimensions")
     labels, sizes = extent.labels, extent.sizes
@@ -126,7 +127,6 @@ def full_tensor(t: Tensor, placements: Sequence[Placement] | None = None) -> tor
 
     visit(())
     pieces = {k: f.get() for k, f in wanted.items()}  # type: ignore[attr-defined]
-    from monarch.tensors.mode import no_mesh
 
     def assemble(prefix: tuple[int, ...]) -> torch.Tensor:
         i = len(prefix)

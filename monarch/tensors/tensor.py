@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from monarch.broker.codec import register_ext
+from monarch.actors.meshes.mesh_ops import view_of
+from monarch.broker.ext import register_ext
 
 if TYPE_CHECKING:
-    from monarch.actors.proc_mesh import ProcMesh
+    from monarch.actors.procs.proc_mesh import ProcMesh
     from monarch.tensors.controller import Controller
     from monarch.tensors.moving import MeshSliceTensor
 
@@ -70,7 +71,7 @@ class Tensor(torch.Tensor):
         r._device = device
         r._placements = None
         meta._monarch_handle = weakref.ref(r)
-        r._finalizer = weakref.finalize(r, ctl.release, mesh._view, ref)
+        r._finalizer = weakref.finalize(r, ctl.release, view_of(mesh), ref)
         r._finalizer.atexit = False
         return r
 
@@ -79,6 +80,7 @@ class Tensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+        # Imported when called: this module defines Tensor, which that one builds on (it imports this one).
         from monarch.tensors.dispatch import dispatch
 
         return dispatch(func, args, kwargs or {})
@@ -115,6 +117,7 @@ class Tensor(torch.Tensor):
         mesh: ProcMesh | None = None,
     ) -> Tensor:
         """Reduce across mesh dimensions; see :func:`monarch.tensors.collectives.reduce`."""
+        # Imported when called: this module defines Tensor, which that one builds on (it imports this one).
         from monarch.tensors.collectives import reduce
 
         return reduce(self, dims, reduction, scatter, mesh)
@@ -127,31 +130,35 @@ class Tensor(torch.Tensor):
         mesh: ProcMesh | None = None,
     ) -> Tensor:
         """In-place :meth:`reduce` (the result has this tensor's shape); returns ``self``."""
+        # Imported when called: this module defines Tensor, which that one builds on (it imports this one).
         from monarch.tensors.collectives import reduce
 
         return reduce(self, dims, reduction, scatter, mesh, inplace=True)
 
     def slice_mesh(self, **coords: int | slice) -> MeshSliceTensor:
         """This tensor on a slice of its mesh (``.to_mesh(other)`` then moves it)."""
+        # Imported when called: this module defines Tensor, which that one builds on (it imports this one).
         from monarch.tensors.moving import MeshSliceTensor
 
         return MeshSliceTensor(self, self._mesh.slice(**coords))
 
     def to_mesh(self, mesh: ProcMesh) -> Tensor:
         """A copy of this tensor on ``mesh``; see :func:`monarch.to_mesh`."""
+        # Imported when called: this module defines Tensor, which that one builds on (it imports this one).
         from monarch.tensors.moving import MeshSliceTensor
 
         return MeshSliceTensor(self, self._mesh).to_mesh(mesh)
 
     def full_tensor(self, placements: Sequence[Any] | None = None) -> torch.Tensor:
         """Gather the shards into one local tensor (placements default to ``distribute``'s)."""
+        # Imported when called: this module defines Tensor, which that one builds on (it imports this one).
         from monarch.tensors.sharding import full_tensor
 
         return full_tensor(self, placements)
 
     def _describe(self) -> str:
         m = self._meta
-        extent = self._mesh._view.extent
+        extent = view_of(self._mesh).extent
         grad = ", requires_grad=True" if m.requires_grad else ""
         return (
             f"monarch.Tensor(mesh={extent!r}, shape={tuple(m.shape)}, dtype={m.dtype}, "

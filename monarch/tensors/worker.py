@@ -14,15 +14,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from monarch.actors.actor import Actor
-from monarch.actors.context import Context, context, current_rank, current_size, set_context
-from monarch.actors.endpoint import endpoint
+from monarch.actors.calls.actor import Actor
+from monarch.actors.calls.context import Context, context, current_rank, current_size, set_context
+from monarch.actors.calls.endpoint import endpoint
 
 
 class TensorWorker(Actor):
     """Holds this proc's local tensors and runs the client's ops, in order."""
 
     def __init__(self) -> None:
+        # Imported when a worker starts: the executor imports the whole engine, which imports this module.
         from monarch.tensors.executor import Executor
 
         self._x = Executor(current_rank().rank, math.prod(current_size().values()))

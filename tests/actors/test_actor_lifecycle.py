@@ -26,13 +26,9 @@ from tests.actors.lifecycle_actors import (
     SyncEndpointsAsyncSupervise,
     ThreadLocal,
 )
+from tests.helpers import proc_mesh_fixture
 
-
-@pytest.fixture
-def procs(nats_url):
-    pm = this_host().spawn_procs(per_host={"gpus": 2})
-    yield pm
-    pm.stop().get(timeout=60)
+procs = proc_mesh_fixture({"gpus": 2})
 
 
 def test_async_cleanup_is_awaited_when_the_proc_mesh_stops(nats_url, tmp_path):

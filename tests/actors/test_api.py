@@ -33,16 +33,12 @@ from tests.actors.api_actors import (
     Replier,
     Spawner,
 )
-from tests.conftest import wait_until
+from tests.helpers import proc_mesh_fixture, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def procs(nats_url):
-    pm = this_host().spawn_procs(per_host={"gpus": 3})
-    yield pm
-    pm.stop().get(timeout=60)
+procs = proc_mesh_fixture({"gpus": 3})
 
 
 # -- actors talking to and spawning actors ---------------------------------------

@@ -11,7 +11,7 @@ from monarch.broker.config import Settings
 from monarch.core.busy_poll import WAIT_HEADER, BusyPoll
 from monarch.core.runtime import LocalMsg
 from tests.actors.actors_for_tests import Echo
-from tests.conftest import captured_traffic
+from tests.helpers import captured_traffic
 
 
 def run_loop_for(loop: asyncio.AbstractEventLoop, seconds: float) -> None:

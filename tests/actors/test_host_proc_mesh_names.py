@@ -16,9 +16,9 @@ import sys
 import pytest
 
 from monarch.actor import HostMesh, attach_to_workers, this_host
-from monarch.actors.host_mesh import BootstrapCommand, default_bootstrap_cmd
+from monarch.actors.procs.host_mesh import BootstrapCommand, default_bootstrap_cmd
 from tests.actors.ref_actors import Box, Hop, Where, WrapperProbe
-from tests.conftest import pid_alive
+from tests.helpers import pid_alive, proc_mesh_fixture
 from tests.hosts.agents import start_agent, unique_label
 
 # -- is_fake_in_process ----------------------------------------------------------------
@@ -43,7 +43,7 @@ def test_default_bootstrap_cmd_is_this_python_and_with_env_copies():
     cmd = default_bootstrap_cmd()
     assert isinstance(cmd, BootstrapCommand)
     assert cmd.program == sys.executable
-    assert cmd.args == ["-m", "monarch.actors.proc"]
+    assert cmd.args == ["-m", "monarch.actors.hosting.proc"]
     assert cmd.env == {} and cmd.inherit_env is True and cmd.arg0 is None
     changed = cmd.with_env({"A": "1"}).with_env({"B": None})
     assert changed.env == {"A": "1", "B": None}
@@ -72,7 +72,7 @@ def test_bootstrap_command_per_point_arg0_and_empty_env(nats_url, monkeypatch):
         cmd = BootstrapCommand(
             sys.executable,
             arg0=f"proc-{point['gpus']}",
-            args=["-m", "monarch.actors.proc"],
+            args=["-m", "monarch.actors.hosting.proc"],
             env={"REF_TEST_GPU": str(point["gpus"])},
             inherit_env=False,
         )
@@ -217,11 +217,7 @@ def test_owned_host_mesh_sent_to_an_actor_is_a_reference_there(one_agent, nats_u
 # -- ProcMesh.rank_tensor / rank_tensors ------------------------------------------------
 
 
-@pytest.fixture
-def grid(nats_url):
-    pm = this_host().spawn_procs(per_host={"hosts": 2, "gpus": 2}, name="grid")
-    yield pm
-    pm.stop().get(timeout=60)
+grid = proc_mesh_fixture({"hosts": 2, "gpus": 2}, name="grid")
 
 
 def test_rank_tensor_holds_each_procs_coordinate(grid):

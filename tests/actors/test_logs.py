@@ -14,6 +14,7 @@ import pytest
 
 from monarch.actor import this_host
 from tests.actors.actors_for_tests import Printer
+from tests.helpers import proc_mesh_fixture
 
 
 class Captured:
@@ -44,11 +45,7 @@ class Captured:
             time.sleep(0.02)
 
 
-@pytest.fixture
-def procs(nats_url):
-    pm = this_host().spawn_procs(per_host={"gpus": 4}, name="logged")
-    yield pm
-    pm.stop().get(timeout=30)
+procs = proc_mesh_fixture({"gpus": 4}, name="logged")
 
 
 @pytest.fixture

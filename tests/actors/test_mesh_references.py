@@ -23,14 +23,9 @@ from monarch.actor import (
 )
 from monarch.broker.codec import dumps, loads
 from tests.actors.ref_actors import Box, Holder, Hop, Where
-from tests.conftest import pid_alive, wait_until
+from tests.helpers import pid_alive, proc_mesh_fixture, wait_until
 
-
-@pytest.fixture
-def procs(nats_url):
-    pm = this_host().spawn_procs(per_host={"gpus": 3}, name="refs")
-    yield pm
-    pm.stop().get(timeout=60)
+procs = proc_mesh_fixture({"gpus": 3}, name="refs")
 
 
 @pytest.fixture

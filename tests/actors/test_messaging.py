@@ -17,14 +17,9 @@ from monarch.actor import (
     this_host,
 )
 from tests.actors.actors_for_tests import Echo, Relay
-from tests.conftest import pid_alive
+from tests.helpers import pid_alive, proc_mesh_fixture
 
-
-@pytest.fixture
-def procs(nats_url):
-    pm = this_host().spawn_procs(per_host={"gpus": 4})
-    yield pm
-    pm.stop().get(timeout=30)
+procs = proc_mesh_fixture({"gpus": 4})
 
 
 @pytest.fixture
@@ -197,7 +192,7 @@ def test_procs_get_rank_environment(echo):
 
 
 def test_procs_are_forked_from_the_zygote(echo):
-    from monarch.actors import launcher
+    from monarch.actors.procs import launcher
 
     zygote = launcher._the_zygote
     assert zygote is not None and zygote.popen.poll() is None

@@ -4,17 +4,10 @@ from __future__ import annotations
 
 import random
 
-import pytest
-
-from monarch.actor import this_host
 from tests.actors.actors_for_tests import Echo
+from tests.helpers import proc_mesh_fixture
 
-
-@pytest.fixture
-def grid(nats_url):
-    pm = this_host().spawn_procs(per_host={"hosts": 2, "gpus": 2})
-    yield pm
-    pm.stop().get(timeout=30)
+grid = proc_mesh_fixture({"hosts": 2, "gpus": 2})
 
 
 def test_interleaved_point_slice_and_broadcast_messages_arrive_in_send_order(grid):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from monarch.actor import Extent, ValueMesh, this_host
-from monarch.actors.shape import View
+from monarch.actors.meshes.shape import View
 from tests.actors.actors_for_tests import Big, Echo
+from tests.helpers import proc_mesh_fixture
 
 GRID = Extent(["hosts", "gpus"], [2, 4])
 
@@ -64,11 +65,7 @@ def test_value_mesh_shape_operations():
         vm.item(gpus=1)
 
 
-@pytest.fixture
-def grid(nats_url):
-    pm = this_host().spawn_procs(per_host={"hosts": 2, "gpus": 2})
-    yield pm
-    pm.stop().get(timeout=30)
+grid = proc_mesh_fixture({"hosts": 2, "gpus": 2})
 
 
 def test_actor_mesh_shape_operations_route_to_the_right_actors(grid):

@@ -7,17 +7,14 @@ import operator
 
 import pytest
 
-from monarch.actor import Accumulator, Channel, current_actor_name, current_rank, send, this_host
+from monarch.actor import Accumulator, Channel, current_actor_name, current_rank, send
 from tests.actors.lifecycle_actors import AsyncWhere, SyncWhere
+from tests.helpers import proc_mesh_fixture
 
 # Every test here runs on a 2 x 2 mesh: global rank = 2 * hosts + procs.
 
 
-@pytest.fixture
-def procs(nats_url):
-    pm = this_host().spawn_procs(per_host={"hosts": 2, "procs": 2})
-    yield pm
-    pm.stop().get(timeout=60)
+procs = proc_mesh_fixture({"hosts": 2, "procs": 2})
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from monarch.actor import this_host
 from monarch.broker import batch
 from monarch.broker.config import Settings
 from tests.actors.actors_for_tests import Echo
-from tests.conftest import captured_traffic
+from tests.helpers import captured_traffic
 
 
 class Raw:

@@ -12,13 +12,14 @@ import sys
 import textwrap
 import threading
 import warnings
+from types import MappingProxyType
 
 import msgpack
 import numpy as np
 import pytest
 import torch
 
-from monarch.broker import codec
+from monarch.broker import codec, ext
 from monarch.broker.codec import (
     CodecError,
     DecodeError,
@@ -60,7 +61,9 @@ def tensor_bits(t: torch.Tensor) -> list[int]:
 @pytest.fixture
 def clean_registry(monkeypatch):
     """Registrations made by a test vanish after it."""
-    monkeypatch.setattr(codec, "_registered", dict(codec._registered))
+    monkeypatch.setattr(ext, "_by_class", dict(ext._by_class))
+    monkeypatch.setattr(ext, "by_class", MappingProxyType(ext._by_class))
+    monkeypatch.setattr(ext, "_by_code", dict(ext._by_code))
     monkeypatch.setattr(codec, "_marks", dict(codec._marks))
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from monarch.broker.config import settings
 from monarch.broker.server import BrokerError, EmbeddedBroker, find_nats_server
-from tests.conftest import pid_alive, wait_until
+from tests.helpers import pid_alive, wait_until
 
 
 def _wait_gone(pid: int, timeout: float = 10.0) -> bool:

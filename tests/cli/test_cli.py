@@ -15,7 +15,7 @@ from monarch.actor import attach_to_workers
 from monarch.broker.registry import PROCS, open_bucket
 from monarch.broker.server import free_port
 from monarch.cli.tail import decode_body
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 from tests.hosts.agents import ROOT, _readline, start_agent, unique_label
 from tests.hosts.host_actors import Where
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from monarch.actors.ports import Port
+from monarch.actors.calls.ports import Port
 from monarch.broker.codec import DecodeError, PicklingForbiddenError, dumps, loads
-from tests.conftest import captured_traffic
+from tests.helpers import captured_traffic
 from tests.hosts.agents import ROOT
 
 

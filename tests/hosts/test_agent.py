@@ -8,7 +8,7 @@ import signal
 import nats
 import pytest
 
-from monarch.actors import messages as m
+from monarch.actors.messaging import messages as m
 from monarch.broker.codec import dumps, loads
 from monarch.broker.registry import HeartbeatSeen, list_hosts
 from monarch.hosts.protocol import PING, SPAWN, visible_device

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from monarch.actor import ProcStartError, SupervisionError, attach_to_workers, hosts_from_config
-from tests.conftest import pid_alive, wait_until
+from tests.helpers import pid_alive, wait_until
 from tests.hosts.agents import ROOT, start_agent, unique_label
 from tests.hosts.host_actors import Where
 

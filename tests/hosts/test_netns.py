@@ -16,7 +16,7 @@ import pytest
 
 from monarch.actor import SupervisionError, attach_to_workers
 from monarch.broker.server import EmbeddedBroker
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 from tests.hosts.agents import start_agent, unique_label
 from tests.hosts.host_actors import Where
 from tests.hosts.netns import Lab, unavailable

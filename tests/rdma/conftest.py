@@ -11,16 +11,10 @@ import os
 
 import pytest
 
-from monarch.actor import this_host
+from tests.helpers import proc_mesh_fixture
 from tests.rdma.rdma_actors import BufferOwner
 
-
-@pytest.fixture(scope="package")
-def procs(nats_url):
-    pm = this_host().spawn_procs(per_host={"gpus": 2}, name="rdmaprocs")
-    pm.initialized.get(timeout=60)
-    yield pm
-    pm.stop().get(timeout=60)
+procs = proc_mesh_fixture({"gpus": 2}, name="rdmaprocs", scope="package", wait_ready=True)
 
 
 @pytest.fixture(scope="package")

@@ -19,7 +19,7 @@ import pytest
 from monarch.rdma import OwnerGoneError, RDMABuffer, RDMAError, RDMATimeoutError
 from monarch.rdma import protocol as p
 from monarch.rdma.transports import tcp_transport
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 

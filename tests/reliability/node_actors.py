@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 from monarch.actor import Actor, context, endpoint
-from monarch.actors.proc import local_server
-from monarch.broker import subjects
+from monarch.actors.hosting.server import local_server
 from monarch.actors.process_state import actor_process
+from monarch.broker import subjects
 from monarch.core.runtime import runtime
 
 

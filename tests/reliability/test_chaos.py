@@ -33,7 +33,7 @@ from functools import partial
 from pathlib import Path
 
 from monarch.actor import ActorError, SupervisionError, this_host
-from tests.conftest import descendants, pid_alive, wait_until
+from tests.helpers import descendants, pid_alive, wait_until
 from tests.reliability.chaos_actors import WORKERS_PER_PROC, ChaosOwner
 
 SEED = int(os.environ.get("MONARCH_CHAOS_SEED", "20240609"))

@@ -35,7 +35,7 @@ import nats
 import pytest
 
 from monarch.actor import Actor, current_rank, endpoint, this_host
-from monarch.actors.actor_mesh import Gather
+from monarch.actors.calls.gather import Gather
 from monarch.broker import auth, subjects
 from monarch.broker.codec import dumps
 from monarch.broker.server import EmbeddedBroker
@@ -169,7 +169,7 @@ JOB = r"""
 import json, sys
 import monarch.actor
 from monarch.actor import this_host
-from monarch.actors.actor_mesh import Gather
+from monarch.actors.calls.gather import Gather
 from monarch.core.runtime import runtime
 from monarch.broker import auth
 from tests.reliability.test_forgery import Holder

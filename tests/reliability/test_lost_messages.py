@@ -14,11 +14,11 @@ import nats
 import pytest
 
 from monarch.actor import MessageLostError, this_host
-from monarch.actors import messages as m
-from monarch.actors.lost_sends import SENT
+from monarch.actors.messaging import messages as m
+from monarch.actors.messaging.lost_sends import SENT
+from monarch.actors.process_state import actor_process
 from monarch.broker import subjects
 from monarch.broker.codec import dumps, loads
-from monarch.actors.process_state import actor_process
 from monarch.core.runtime import runtime
 from tests.reliability.node_actors import Counter
 

@@ -50,7 +50,7 @@ def test_flood_to_a_stuck_actor_is_an_explicit_error(tmp_path):
         tmp_path,
         """
         from monarch.actor import this_host
-        from monarch.actors.flow import BackpressureError
+        from monarch.actors.messaging.flow import BackpressureError
         from tests.reliability.overload_actors import Sink
         pm = this_host().spawn_procs(per_host={"gpus": 1})
         sink = pm.spawn("stuck", Sink, 0.0)

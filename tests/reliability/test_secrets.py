@@ -23,7 +23,7 @@ from pathlib import Path
 import nats
 
 from monarch.broker.server import EmbeddedBroker
-from tests.conftest import descendants
+from tests.helpers import descendants
 
 ROOT = Path(__file__).resolve().parents[2]
 

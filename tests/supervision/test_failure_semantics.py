@@ -14,7 +14,7 @@ import re
 import pytest
 
 from monarch.actor import ActorError, MeshFailure, SupervisionError, this_host
-from tests.conftest import wait_until
+from tests.helpers import proc_mesh_fixture, wait_until
 from tests.supervision.failure_actors import (
     AsyncFatal,
     CleanupExits,
@@ -30,11 +30,7 @@ from tests.supervision.sup_actors import Owner
 FAILED = "The actor .* and all its descendants have failed"
 
 
-@pytest.fixture
-def procs(nats_url):
-    pm = this_host().spawn_procs(per_host={"gpus": 2})
-    yield pm
-    pm.stop().get(timeout=60)
+procs = proc_mesh_fixture({"gpus": 2})
 
 
 @pytest.mark.parametrize("cls", [SyncFatal, AsyncFatal], ids=["sync", "async"])

@@ -27,7 +27,7 @@ from monarch.broker.config import settings
 from monarch.broker.connect import connect
 from monarch.broker.intake import subscribe_ordered
 from monarch.supervision.liveness import STALL, Watcher
-from tests.conftest import descendants, pid_alive, wait_until
+from tests.helpers import descendants, pid_alive, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -116,7 +116,7 @@ def test_blocked_event_loop_is_reported_as_stalled_not_dead(tmp_path, nats_url):
         import time
         from monarch.actor import Actor, context, endpoint, this_host
         from monarch.core.runtime import runtime
-        from monarch.actors.supervisor import supervisor_of
+        from monarch.actors.hosting.supervisor import supervisor_of
 
         class Blocker(Actor):
             @endpoint
@@ -198,7 +198,7 @@ def test_procs_forked_once_the_zygote_is_idle_have_torch_already(nats_url):
     import torch  # noqa: F401  (a test dependency: the zygote imports it when installed)
 
     from monarch.actor import this_host
-    from monarch.actors import launcher
+    from monarch.actors.procs import launcher
     from tests.actors.actors_for_tests import Echo
 
     zygote = launcher._the_zygote

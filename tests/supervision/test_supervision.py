@@ -11,18 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from monarch.actor import MeshFailure, SpawnError, SupervisionError, this_host
-from tests.conftest import descendants, pid_alive, wait_until
+from monarch.actor import MeshFailure, SpawnError, SupervisionError
+from tests.helpers import descendants, pid_alive, proc_mesh_fixture, wait_until
 from tests.supervision.sup_actors import BadInit, Owner, Worker
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def procs(nats_url):
-    pm = this_host().spawn_procs(per_host={"gpus": 2})
-    yield pm
-    pm.stop().get(timeout=60)
+procs = proc_mesh_fixture({"gpus": 2})
 
 
 def test_broadcast_exception_fails_the_actor_and_reaches_the_root(procs, root_faults):

@@ -10,25 +10,14 @@ from __future__ import annotations
 
 import pytest
 
-from monarch.actor import this_host
+from tests.helpers import proc_mesh_fixture
 
-
-@pytest.fixture(scope="package")
-def procs(nats_url):
-    """Four procs laid out as {'hosts': 2, 'gpus': 2} (one machine; the names are labels)."""
-    pm = this_host().spawn_procs(per_host={"hosts": 2, "gpus": 2}, name="tensors")
-    pm.initialized.get(timeout=60)  # started before any test's leaked-process snapshot
-    yield pm
-    pm.stop().get(timeout=60)
-
-
-@pytest.fixture(scope="package")
-def procs2(nats_url):
-    """A second proc mesh, {'gpus': 2}, for moving tensors between meshes."""
-    pm = this_host().spawn_procs(per_host={"gpus": 2}, name="tensors2")
-    pm.initialized.get(timeout=60)
-    yield pm
-    pm.stop().get(timeout=60)
+# Four procs laid out as {'hosts': 2, 'gpus': 2} (one machine; the names are labels),
+# and a second mesh for moving tensors between meshes.
+procs = proc_mesh_fixture(
+    {"hosts": 2, "gpus": 2}, name="tensors", scope="package", wait_ready=True
+)
+procs2 = proc_mesh_fixture({"gpus": 2}, name="tensors2", scope="package", wait_ready=True)
 
 
 @pytest.fixture

@@ -44,7 +44,8 @@ PRELOAD_WHEN_IDLE = 0.3  # seconds without requests: a burst of forks for one me
 
 
 def main() -> None:
-    import monarch.actors.proc as proc  # the expensive part, done once
+    # Imported in main() only: launchers import this module just to name it; the fork template pays the imports.
+    import monarch.actors.hosting.proc as proc  # the expensive part, done once
 
     me = os.getpid()
     replies = os.fdopen(int(sys.argv[1]), "w", buffering=1)

@@ -1,6 +1,6 @@
 """Shape operations shared by proc, actor and value meshes.
 
-Each mesh keeps a :class:`~monarch.actors.shape.View` in ``_view`` and knows
+Each mesh keeps a :class:`~monarch.actors.meshes.shape.View` in ``_view`` and knows
 how to make a copy of itself over another view (``_new_with_view``); this mixin
 gives all of them the same ``slice``/``flatten``/``rename``/``split`` and size
 accessors, so the three behave alike.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from monarch.actors.shape import Extent, View
+from monarch.actors.meshes.shape import Extent, View
 
 
 class MeshShapeOps:
@@ -49,3 +49,17 @@ class MeshShapeOps:
 
     def split(self, **splits: Any) -> Any:
         return self._new_with_view(self._view.split(**splits))
+
+
+def view_of(mesh: Any) -> View:
+    """The view a proc or actor mesh covers (its extent, base and ranks).
+
+    For layers above the actor runtime (the tensor engine): a function, not an
+    attribute, since an actor mesh's attributes are its endpoints.
+    """
+    return mesh._view
+
+
+def state_of(mesh: Any) -> Any:
+    """The state every view of one proc or actor mesh shares (identity: the same mesh)."""
+    return mesh._state

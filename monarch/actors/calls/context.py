@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from monarch.actors.shape import Extent, Point
+from monarch.actors.meshes.shape import Extent, Point
 from monarch.core.runtime import current_runtime_or_none
 
-# this_proc(), handed in by monarch.actors.proc_mesh (which builds on this module).
+# this_proc(), handed in by monarch.actors.procs.proc_mesh (which builds on this module).
 _this_proc: Callable[[], Any] | None = None
 
 
@@ -52,7 +52,7 @@ class Instance:
     def proc(self) -> Any:
         """The process this code runs in, as a proc mesh of one (spawn actors next to it)."""
         if _this_proc is None:
-            raise RuntimeError("no proc meshes here: monarch.actors.proc_mesh is not imported")
+            raise RuntimeError("no proc meshes here: monarch.actors.procs.proc_mesh is not imported")
         return _this_proc()
 
     @property
@@ -116,6 +116,11 @@ def _client_context() -> Context:
     uid = rt.proc_uid if rt is not None else "client"
     point = Point(0, _CLIENT_EXTENT)
     return Context(Instance(actor_id="client", name="client", rank=point, proc_uid=uid), point)
+
+
+def actor_context() -> Context | None:
+    """The context of the actor whose code is running now; None in the client's own code."""
+    return _current.get()
 
 
 def context() -> Context:

@@ -33,8 +33,9 @@ from monarch.actors.errors import (
     actor_failed_message,
     describe_actor,
 )
+from monarch.actors.meshes.shape import Point
 from monarch.actors.process_state import actor_process
-from monarch.actors.shape import Point
+from monarch.broker import headers as hdr
 from monarch.broker import subjects
 from monarch.broker.codec import dumps, loads
 from monarch.broker.connect import connect
@@ -103,11 +104,11 @@ class Supervisor:
         failure.owner = owner_actor
         body = dumps(failure.to_wire())
         headers = {
-            "Mon-Kind": "failure",
-            "Mon-Mesh": failure.mesh_name,
-            "Mon-Reason": failure.reason,
-            "Mon-Owner": owner_actor,
-            "Mon-From": self.rt.proc_uid,
+            hdr.KIND: "failure",
+            hdr.MESH: failure.mesh_name,
+            hdr.REASON: failure.reason,
+            hdr.OWNER: owner_actor,
+            hdr.FROM: self.rt.proc_uid,
         }
         subject = subjects.supervision(self.rt.namespace, owner_proc)
         if owner_proc == self.rt.proc_uid:
@@ -169,7 +170,7 @@ class Supervisor:
         self.rt.loop.create_task(announce_dead(self.rt.nc, self.rt.namespace, proc_uid, reason))
 
     def _on_event(self, msg: Any) -> None:
-        if (msg.headers or {}).get("Mon-From") == self.rt.proc_uid:
+        if (msg.headers or {}).get(hdr.FROM) == self.rt.proc_uid:
             return  # our own record of a failure we already handled here
         try:
             failure = MeshFailure.from_wire(loads(msg.data))

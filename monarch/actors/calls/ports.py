@@ -13,14 +13,14 @@ from __future__ import annotations
 import collections
 from typing import Any, Generic, TypeVar
 
-from monarch.actors import messages as m
-from monarch.actors.context import context, sender_id
+from monarch.actors.calls.context import context, sender_id
 from monarch.actors.errors import ActorError
+from monarch.actors.messaging import messages as m
 from monarch.actors.process_state import actor_process
-from monarch.broker.codec import dumps, register_ext
+from monarch.broker.ext import register_ext
 from monarch.core.future import Future
 from monarch.core.runtime import LocalMsg, Runtime, runtime
-from monarch.rdma.bulk import fetch_async, is_reference, offload
+from monarch.rdma.bulk import encode_body, fetch_async, is_reference, offload
 
 R = TypeVar("R")
 
@@ -41,17 +41,16 @@ class Port(Generic[R]):
 
     def send(self, value: R) -> None:
         """Send ``value`` (encoded here, so a bad value fails at the sender)."""
-        self._post("reply", dumps(value))
+        self._post("reply", encode_body(value, readers=1))  # a big value travels out of band
 
     def exception(self, exc: BaseException) -> None:
         """Make the receiver's ``recv()`` raise ``exc``."""
-        self._post("error", m.encode_error(exc))
+        self._post("error", offload(m.encode_error(exc), readers=1))
 
     def _post(self, kind: str, body: bytes) -> None:
         if not self.subject:
             return  # the port of a message nobody waits for (a broadcast): drop
 
-        body = offload(body, readers=1, ttl=None)  # a big value travels out of band
         rt = runtime()
         rank = self._sender_rank()
         headers = {m.KIND: kind, m.RANK: str(rank), m.FROM: sender_id()}
@@ -62,7 +61,7 @@ class Port(Generic[R]):
 
 
 def _post_reply(rt: Runtime, subject: str, rank: int, body: bytes, headers: dict) -> None:
-    """On the loop: publish, kept for a caller that may not get it (monarch.actors.lost_replies)."""
+    """On the loop: publish, kept for a caller that may not get it (monarch.actors.messaging.lost_replies)."""
     replies = actor_process(rt).replies
     if replies is not None:
         replies.sent(subject, rank, body, headers)
@@ -109,7 +108,7 @@ class PortReceiver(Generic[R]):
     async def _fetch(self, msg: Any) -> None:
         try:
             data = await fetch_async(msg.data)
-            self._raw[0] = LocalMsg(msg.subject, data, msg.reply, msg.headers)
+            self._raw[0] = LocalMsg(msg.subject, data, msg.reply, msg.headers, owned=True)
         except Exception as e:
             self._raw.popleft()
             self._deliver(False, 0, e)

@@ -10,7 +10,7 @@ receiver (:class:`SequenceCheck`, one per actor) notices a hole at the next
 such message from that sender on that subject.
 
 Gathered calls (and flow markers) are not counted: a lost one is found by its
-caller (:mod:`monarch.actors.lost_replies`). They carry the count so far
+caller (:mod:`monarch.actors.messaging.lost_replies`). They carry the count so far
 instead, ``Mon-Sent: <n>@<sender proc uid>``, so that they too reveal the sends
 lost before them. The last sends of a burst have no next message, so a sender
 also publishes a *sync* marker (``Mon-Kind: sync`` with ``Mon-Sent``) on each
@@ -39,11 +39,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from monarch.actors import messages as m
+from monarch.actors.messaging import messages as m
+from monarch.broker import headers as hdr
 
 log = logging.getLogger(__name__)
 
-SENT = "Mon-Sent"  # header: how many counted messages the sender had sent on this subject
+SENT = hdr.SENT  # how many counted messages the sender had sent on this subject
 SYNC_EVERY = 1.0
 SYNC_REPEATS = 3
 

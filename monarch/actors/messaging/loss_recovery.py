@@ -1,4 +1,4 @@
-"""Plugging loss recovery (:mod:`monarch.actors.lost_replies`, :mod:`monarch.actors.lost_sends`)
+"""Plugging loss recovery (:mod:`monarch.actors.messaging.lost_replies`, :mod:`monarch.actors.messaging.lost_sends`)
 into a process's runtime, right after it connects.
 
 The core runtime only carries messages; what the actor protocol does about
@@ -12,8 +12,8 @@ import logging
 
 from nats.aio.msg import Msg
 
-from monarch.actors.lost_replies import CallProber, ReplyLedger
-from monarch.actors.lost_sends import SendCounter
+from monarch.actors.messaging.lost_replies import CallProber, ReplyLedger
+from monarch.actors.messaging.lost_sends import SendCounter
 from monarch.actors.process_state import ActorProcess, actor_process
 from monarch.broker.codec import loads
 from monarch.core.runtime import Runtime
@@ -37,7 +37,7 @@ def start_loss_recovery(rt: Runtime) -> None:
 
 
 def _on_lost(state: ActorProcess, msg: Msg) -> None:
-    """An actor found a hole in this process's messages to it (see monarch.actors.lost_sends)."""
+    """An actor found a hole in this process's messages to it (see monarch.actors.messaging.lost_sends)."""
     try:
         mesh_uid, rank, count, subject = loads(msg.data)
         st = state.mesh_states.get(mesh_uid)

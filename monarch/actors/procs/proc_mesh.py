@@ -1,7 +1,7 @@
 """``ProcMesh``: a mesh of OS processes that host actors.
 
 The owner side of a set of procs: it starts them (through a launcher, see
-:mod:`monarch.actors.launcher`), waits until each reports ready, spawns actor
+:mod:`monarch.actors.procs.launcher`), waits until each reports ready, spawns actor
 meshes on them, learns at once when one exits (its reaper thread), and stops
 them. Every proc mesh is stopped when the client exits, so none outlives it.
 
@@ -20,25 +20,26 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from monarch.actors import messages as m
-from monarch.actors.actor import check_actor_class, class_ref
-from monarch.actors.actor_mesh import ActorMesh, MeshState, spawn_error
-from monarch.actors.context import _current, context, sender_id, set_this_proc
-from monarch.actors.endpoint import endpoints_of
+from monarch.actors.calls.actor import check_actor_class, class_ref
+from monarch.actors.calls.actor_mesh import ActorMesh, MeshState, spawn_error
+from monarch.actors.calls.context import actor_context, context, sender_id, set_this_proc
+from monarch.actors.calls.endpoint import endpoints_of
 from monarch.actors.errors import MeshStoppedError, ProcStartError, SupervisionError
-from monarch.actors.launcher import Launcher, ProcHandle
-from monarch.actors.logs import LogCollector, LogMode
-from monarch.actors.mesh_ops import MeshShapeOps
-from monarch.actors.proc import local_server
+from monarch.actors.hosting.server import local_server
+from monarch.actors.hosting.supervisor import supervisor_of
+from monarch.actors.meshes.mesh_ops import MeshShapeOps
+from monarch.actors.meshes.shape import Extent, View
+from monarch.actors.messaging import messages as m
+from monarch.actors.messaging.rpc import request_all
 from monarch.actors.process_state import actor_process
-from monarch.actors.rpc import request_all
-from monarch.actors.shape import Extent, View
-from monarch.actors.supervisor import supervisor_of
+from monarch.actors.procs.launcher import Launcher, ProcHandle
+from monarch.actors.procs.log_collection import LogCollector, LogMode
 from monarch.broker import subjects
-from monarch.broker.codec import PicklingForbiddenError, dumps, register_ext
+from monarch.broker.codec import PicklingForbiddenError
+from monarch.broker.ext import register_ext
 from monarch.core.future import Future
 from monarch.core.runtime import Runtime, runtime
-from monarch.rdma.bulk import offload
+from monarch.rdma.bulk import encode_body
 from monarch.supervision.failure import MeshFailure
 
 log = logging.getLogger(__name__)
@@ -331,9 +332,9 @@ class ProcMeshRef(ProcMeshState):
         return None
 
 
-def _owned_by_caller(mesh: Any) -> None:
+def owned_by_caller(mesh: Any) -> None:
     """Inside an actor, what it spawns is stopped before the actor cleans up."""
-    ctx = _current.get()
+    ctx = actor_context()
     if ctx is not None:
         owned = ctx.actor_instance.owned
         # forget meshes already stopped, so an actor that respawns does not pile them up
@@ -407,12 +408,12 @@ class ProcMesh(MeshShapeOps):
                 "move it to an importable module or set MONARCH_PICKLE=1"
             )
         # big __init__ arguments stay here and travel out of band, once per proc
-        body = offload(dumps(spec, big_out=True), readers=len(self._view), ttl=None)
+        body = encode_body(spec, readers=len(self._view))
         if not isinstance(body, bytes):
             body = bytes(body)
         mesh_state = MeshState(st.rt, name, mesh_uid, cls, cls.__name__, extent)
         mesh_state.owner_proc, mesh_state.owner_actor = st.rt.proc_uid, sender_id()
-        _owned_by_caller(mesh_state)
+        owned_by_caller(mesh_state)
         proc_ranks = list(view.ranks)
 
         def register() -> None:
@@ -437,7 +438,7 @@ class ProcMesh(MeshShapeOps):
         Records below ``level`` are dropped; ``stream_to_client=False`` keeps
         output on each proc's own streams. The defaults are also the mode a
         new proc mesh starts in. Applies to the whole proc mesh; blocks until
-        its procs have applied it. See :mod:`monarch.actors.logs`.
+        its procs have applied it. See :mod:`monarch.actors.procs.log_collection`.
         """
         st = self._state
         st.logs.set_mode(LogMode(stream_to_client, aggregate_window_sec, level), st.ready)
@@ -448,6 +449,8 @@ class ProcMesh(MeshShapeOps):
         Imported lazily so that the actor API does not import torch
         (see :mod:`monarch.tensors.mode`).
         """
+        # A door into the tensor engine, a layer above (pyproject's import contract
+        # names it): imported when used, so torch stays off the actor API's path.
         from monarch.tensors.mode import activate
 
         return activate(self)
@@ -496,9 +499,11 @@ class ProcMesh(MeshShapeOps):
             coords = extent.coords(i)
             for j in at:
                 by_base[base_rank] = by_base[base_rank] * extent.sizes[j] + coords[j]
-        # torch only now: the tensor engine's door, kept off the actor API's import path
+        # torch only now, through the tensor engine's door (named in pyproject's
+        # import contract), kept off the actor API's import path
         import torch
 
+        # A door into the tensor engine (named in pyproject's import contract): imported when used.
         from monarch.tensors.remote import remote
 
         fn = remote(

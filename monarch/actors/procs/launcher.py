@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from monarch.actors.shape import Extent
+from monarch.actors.meshes.shape import Extent
 from monarch.broker._pdeathsig import child_dies_with_parent
 from monarch.broker.config import settings
 from monarch.core.runtime import current_runtime_or_none
@@ -155,7 +155,7 @@ class LocalLauncher:
                 cmd = [
                     sys.executable,
                     "-m",
-                    "monarch.actors.proc",
+                    "monarch.actors.hosting.proc",
                     "--uid",
                     h.uid,
                     "--ready",
@@ -211,7 +211,7 @@ class LocalLauncher:
 
 
 class _Zygote:
-    """This client's template process (see :mod:`monarch.actors.zygote`), and its reader."""
+    """This client's template process (see :mod:`monarch.actors.procs.zygote`), and its reader."""
 
     def __init__(self) -> None:
         r, w = os.pipe()
@@ -220,7 +220,7 @@ class _Zygote:
         paths = [p for p in sys.path if p and os.path.isdir(p)]
         env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *paths])
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "monarch.actors.zygote", str(w)],
+            [sys.executable, "-m", "monarch.actors.procs.zygote", str(w)],
             stdin=subprocess.PIPE,
             env=env,
             pass_fds=(w,),

@@ -15,11 +15,11 @@ from typing import Any, TypeVar
 from nats.aio.msg import Msg
 from nats.js.errors import KeyWrongLastSequenceError
 
-from monarch.actors import messages as m
-from monarch.actors.actor import check_actor_class, class_ref, resolve_class
-from monarch.actors.actor_mesh import ActorMesh, MeshState
-from monarch.actors.rpc import request_all
-from monarch.actors.shape import Extent, View
+from monarch.actors.calls.actor import check_actor_class, class_ref, resolve_class
+from monarch.actors.calls.actor_mesh import ActorMesh, MeshState
+from monarch.actors.meshes.shape import Extent, View
+from monarch.actors.messaging import messages as m
+from monarch.actors.messaging.rpc import request_all
 from monarch.broker import subjects
 from monarch.broker.codec import dumps, loads
 from monarch.core.future import Future

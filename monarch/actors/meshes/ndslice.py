@@ -5,7 +5,7 @@
 ``sizes``, in row-major order of ``c``; ``monarch.Shape(labels, ndslice)``
 gives each dimension a name. They are plain values (hashable, picklable,
 comparable), as in Monarch; the meshes themselves use
-:class:`monarch.actors.shape.View`, which this module does not change.
+:class:`monarch.actors.meshes.shape.View`, which this module does not change.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
-from monarch.actors.shape import Extent
+from monarch.actors.meshes.shape import Extent
 
 
 class NDSlice:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from nats.aio.msg import Msg
 
-from monarch.actors import messages as m
+from monarch.actors.messaging import messages as m
 from monarch.core.runtime import Runtime
 
 

@@ -30,20 +30,20 @@ import threading
 from collections.abc import Callable
 from typing import Any, Union
 
-from monarch.actors.launcher import (
+from monarch.actors.meshes.mesh_ops import MeshShapeOps
+from monarch.actors.meshes.shape import Extent, Point, View
+from monarch.actors.procs.launcher import (
     AgentLauncherFactory,
     LocalLauncher,
     ProcHandle,
     on_launcher_thread,
     proc_env,
 )
-from monarch.actors.mesh_ops import MeshShapeOps
-from monarch.actors.proc_mesh import ProcMesh, ProcMeshState, _owned_by_caller
-from monarch.actors.shape import Extent, Point, View
+from monarch.actors.procs.proc_mesh import ProcMesh, ProcMeshState, owned_by_caller
 from monarch.broker import subjects
 from monarch.broker._pdeathsig import child_dies_with_parent
-from monarch.broker.codec import register_ext
 from monarch.broker.config import settings
+from monarch.broker.ext import register_ext
 from monarch.broker.registry import HostInfo
 from monarch.core.future import Future
 from monarch.core.runtime import runtime
@@ -76,8 +76,8 @@ BootstrapSpec = Union[BootstrapCommand, Callable[[Point], BootstrapCommand]]
 
 
 def default_bootstrap_cmd() -> BootstrapCommand:
-    """The command procs are started with by default: this Python, ``-m monarch.actors.proc``."""
-    return BootstrapCommand(sys.executable, None, ["-m", "monarch.actors.proc"], {}, True)
+    """The command procs are started with by default: this Python, ``-m monarch.actors.hosting.proc``."""
+    return BootstrapCommand(sys.executable, None, ["-m", "monarch.actors.hosting.proc"], {}, True)
 
 
 def _cpu_list(text: str) -> set[int]:
@@ -324,7 +324,7 @@ class HostMesh(MeshShapeOps):
         state = ProcMeshState(rt, name, extent, launcher)
         rt.on_close(state.shutdown)
         rt.run_coro(_start_quietly(state))
-        _owned_by_caller(state)
+        owned_by_caller(state)
         if self._hosts is not None:  # only meshes of host agents can be owned and shut down
             self._spawned.append(state)
         return ProcMesh(state, View.full(extent))

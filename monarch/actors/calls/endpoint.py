@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 from monarch.core.future import Future
 
 if TYPE_CHECKING:
-    from monarch.actors.actor_mesh import ActorMesh
-    from monarch.actors.value_mesh import ValueMesh
+    from monarch.actors.calls.actor_mesh import ActorMesh
+    from monarch.actors.meshes.value_mesh import ValueMesh
 
 R = TypeVar("R")
 
@@ -157,6 +157,8 @@ class ActorEndpoint(Generic[R]):
         Imported lazily so that the actor API does not import torch
         (see :func:`monarch.tensors.remote.actor_rref`).
         """
+        # A door into the tensor engine, a layer above (pyproject's import contract
+        # names it): imported when used, so torch stays off the actor API's path.
         from monarch.tensors.remote import actor_rref
 
         return actor_rref(self, args, kwargs)
@@ -169,6 +171,16 @@ class ActorEndpoint(Generic[R]):
 
     def __repr__(self) -> str:
         return f"<endpoint {self._qualname} of {self._mesh!r}>"
+
+    @property
+    def mesh(self) -> Any:
+        """The actor mesh (or slice of it) this endpoint is called on."""
+        return self._mesh
+
+    @property
+    def qualname(self) -> str:
+        """``Class.endpoint``, as errors name it."""
+        return self._qualname
 
 
 def concurrent_endpoint(method: Callable[..., Any] | None = None, **options: Any) -> Any:

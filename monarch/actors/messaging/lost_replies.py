@@ -43,8 +43,8 @@ import time
 import weakref
 from typing import Any
 
-from monarch.actors import messages as m
 from monarch.actors.errors import MessageLostError
+from monarch.actors.messaging import messages as m
 from monarch.actors.process_state import actor_process
 from monarch.broker import subjects
 from monarch.broker.codec import dumps, loads

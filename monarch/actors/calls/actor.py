@@ -7,8 +7,8 @@ import inspect
 import logging
 from typing import Any
 
-from monarch.actors.context import context
-from monarch.actors.endpoint import endpoints_of
+from monarch.actors.calls.context import context
+from monarch.actors.calls.endpoint import endpoints_of
 
 
 class Actor:

@@ -1,7 +1,7 @@
 """The receiving side of one actor: how its messages are handled, and its life.
 
 Messages arrive from the ordered intake and are handled one at a time, in
-arrival order, by the actor's runner (see :mod:`monarch.actors.mailbox`): sync
+arrival order, by the actor's runner (see :mod:`monarch.actors.calls.mailbox`): sync
 endpoints run on the actor's own thread, so they may block (even on another
 actor's ``.get()``) without stalling the proc's loop; async endpoints run on
 the loop. ``@concurrent_endpoint`` methods are the exception: they start in
@@ -29,9 +29,10 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
-from monarch.actors import messages as m
-from monarch.actors.context import Context, Instance, set_context
-from monarch.actors.endpoint import EndpointProperty, endpoints_of
+from monarch.actors.calls.context import Context, Instance, set_context
+from monarch.actors.calls.endpoint import EndpointProperty, endpoints_of
+from monarch.actors.calls.mailbox import Job, LoopRunner, ThreadRunner
+from monarch.actors.calls.ports import Port
 from monarch.actors.errors import (
     MalformedMessageError,
     MeshStoppedError,
@@ -40,21 +41,21 @@ from monarch.actors.errors import (
     actor_failed_message,
     describe_actor,
 )
-from monarch.actors.flow import FLOW_ENDPOINT
-from monarch.actors.lost_sends import SequenceCheck
-from monarch.actors.mailbox import Job, LoopRunner, ThreadRunner
-from monarch.actors.ports import Port
+from monarch.actors.meshes.shape import Extent, Point
+from monarch.actors.messaging import messages as m
+from monarch.actors.messaging.flow import FLOW_ENDPOINT
+from monarch.actors.messaging.lost_sends import SequenceCheck
 from monarch.actors.process_state import actor_process
-from monarch.actors.shape import Extent, Point
+from monarch.broker import headers as hdr
 from monarch.broker import subjects
-from monarch.broker.codec import CodecError, dumps, loads
+from monarch.broker.codec import CodecError, dumps
 from monarch.core.runtime import Runtime
-from monarch.rdma.bulk import fetch, fetch_async, offload
+from monarch.rdma.bulk import decode_body, fetch_async, offload
 from monarch.supervision.failure import MeshFailure, SupervisionFailure
 
 log = logging.getLogger(__name__)
 
-ADHOC = "Mon-Adhoc"  # header: the caller used as_endpoint() on a plain method
+ADHOC = hdr.ADHOC  # the caller used as_endpoint() on a plain method
 
 
 def _flow_marker(self: Any) -> None:
@@ -449,9 +450,11 @@ class ActorInstance:
     ) -> tuple[tuple, dict]:
         # A big message arrives as a reference to its bytes (monarch.rdma.bulk): fetch them.
         try:
-            body = fetch(msg.data) if data is None else data
             # A fetched big body is ours alone: tensors in it are used in place.
-            args, kwargs, view_spec = loads(body, take=body is not msg.data)
+            if data is None:
+                args, kwargs, view_spec = decode_body(msg.data)
+            else:
+                args, kwargs, view_spec = decode_body(data, owned=data is not msg.data)
             if not isinstance(args, (tuple, list)) or not isinstance(kwargs, dict):
                 raise TypeError("the body is not (args, kwargs, view)")
             if view_spec is not None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Generic, TypeVar
 
-from monarch.actors.mesh_ops import MeshShapeOps
-from monarch.actors.shape import Point, View
+from monarch.actors.meshes.mesh_ops import MeshShapeOps
+from monarch.actors.meshes.shape import Point, View
 
 T = TypeVar("T")
 

@@ -1,7 +1,7 @@
-"""The actor protocol on the wire: header names, message kinds and bodies.
+"""The actor protocol on the wire: the headers it uses, message kinds and bodies.
 
-Headers carry what a person watching traffic wants to read; bodies are
-encoded by :mod:`monarch.broker.codec`.
+Every header is declared in :mod:`monarch.broker.headers`; these are the
+actor protocol's (bodies are encoded by :mod:`monarch.broker.codec`):
 
 ========================  ==============================================
 ``Mon-Kind``              ``call`` (wants replies), ``send`` (no reply),
@@ -12,7 +12,7 @@ encoded by :mod:`monarch.broker.codec`.
 ``Mon-From``              the sender's actor id (``client`` for the root)
 ``Mon-Seq``               ``<n>@<sender proc uid>``: the n-th send of that
                           process to this subject (a hole is a loss,
-                          :mod:`monarch.actors.lost_sends`)
+                          :mod:`monarch.actors.messaging.lost_sends`)
 ``Mon-Sent``              ``<n>@<sender proc uid>`` on a gathered call or a
                           ``sync`` marker: that many sends so far
 ``Mon-Rank``              the replier's rank in its mesh (replies), or
@@ -30,15 +30,11 @@ from typing import Any
 
 from monarch.actors.errors import ActorError, RemoteException
 from monarch.broker.codec import CodecError, dumps, loads
-from monarch.core.busy_poll import WAIT_HEADER
-from monarch.rdma.bulk import fetch
+from monarch.broker.headers import ENDPOINT, FROM, KIND, RANK, SEQ, WAIT
+from monarch.rdma.bulk import decode_body
 
-KIND = "Mon-Kind"
-ENDPOINT = "Mon-Endpoint"
-FROM = "Mon-From"
-SEQ = "Mon-Seq"
-RANK = "Mon-Rank"
-WAIT = WAIT_HEADER
+__all__ = ["ENDPOINT", "FROM", "KIND", "RANK", "SEQ", "WAIT"]
+__all__ += ["decode_error", "decode_reply", "encode_error"]
 
 
 def encode_error(exc: BaseException) -> bytes:
@@ -70,5 +66,6 @@ def decode_reply(msg: Any) -> tuple[bool, Any]:
     headers = msg.headers or {}
     if headers.get(KIND) == "error":
         return False, msg.data
-    body = fetch(msg.data)  # a big reply is a reference: fetch its bytes (blocks)
-    return True, loads(body, take=body is not msg.data)
+    # A big reply is a reference: its bytes are fetched here (blocks), unless the
+    # gatherer fetched them already (then they are this message's alone).
+    return True, decode_body(msg.data, owned=getattr(msg, "owned", False))

@@ -1,0 +1,196 @@
+"""Gathering the replies to one call: :class:`Gather`, one per call in flight.
+
+The caller's proc receives replies on a port of its own; a Gather takes at
+most one per expected rank, from the right actor, fetches a big one's bytes
+out of band off the loop, and completes the call's future (or fails it with
+the error the replies or supervision give).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from monarch.actors.errors import (
+    MessageLostError,
+    NoActorError,
+    SupervisionError,
+)
+from monarch.actors.meshes.shape import View
+from monarch.actors.meshes.value_mesh import ValueMesh
+from monarch.actors.messaging import messages as m
+from monarch.actors.messaging.flow import FLOW_ENDPOINT
+from monarch.core.future import Future
+from monarch.core.runtime import LocalMsg
+from monarch.rdma.bulk import fetch_async, is_reference
+
+if TYPE_CHECKING:  # annotations only: actor_mesh builds on this module
+    from nats.aio.msg import Msg
+
+    from monarch.actors.calls.actor_mesh import MeshState
+
+_log = logging.getLogger(__name__)
+
+
+class Gather:
+    """Collects the replies to one call on a port of the caller's proc (loop only).
+
+    It takes at most one reply per expected rank, and only from the actor the
+    call went to for that rank (its ``Mon-From`` is that actor's id). Anything
+    else that reaches the port (a second reply for a rank, a rank that was not
+    asked, a reply from someone else, one without a rank) is dropped, counted
+    in :attr:`dropped` (process-wide, by reason) and logged (a warning at most
+    every 10 s per reason, debug otherwise and for duplicates, which can be
+    innocent). An endpoint that answers through an explicit response port may
+    hand that port on, so there (and for ad hoc endpoints, whose kind is not
+    known here) only the rank is checked. On an open broker a forger can still
+    copy the right ``Mon-From``; a job key (:mod:`monarch.broker.auth`) stops
+    that.
+    """
+
+    dropped: collections.Counter[str] = collections.Counter()
+    """Replies dropped by any gather of this process: ``duplicate``, ``unexpected_rank``,
+    ``wrong_sender``, ``no_rank``."""
+    _last_warning: dict[str, float] = {}
+    _log = logging.getLogger(__name__)
+
+    def __init__(
+        self,
+        state: MeshState,
+        view: View,
+        expected: list[int],
+        mode: str,
+        endpoint: str,
+    ) -> None:
+        self.state = state
+        self.view = view
+        self.expected = expected
+        self._expected = set(expected)
+        self.mode = mode  # "mesh" | "one" | "choose" | "stream"
+        self.endpoint = endpoint
+        self.values: dict[int, Any] = {}
+        self.port_id: int | None = None
+        self.subject = ""
+        n = len(expected)
+        self.futures = [Future() for _ in range(n if mode == "stream" else 1)]
+        self._arrived = 0
+        prop = state.endpoints.get(endpoint)
+        self._check_sender = (
+            prop is not None and not prop.explicit_response_port
+        ) or endpoint == FLOW_ENDPOINT
+
+    def open(self) -> None:
+        self.port_id, self.subject = self.state.rt.open_port(self.on_msg)
+        self.state.inflight.add(self)
+
+    def waiting_on(self, ranks: list[int]) -> bool:
+        return any(r in self.expected and r not in self.values for r in ranks)
+
+    def _close(self) -> None:
+        if self.port_id is not None:
+            self.state.rt.close_port(self.port_id)
+        self.state.inflight.discard(self)
+
+    def fail(self, exc: BaseException) -> None:
+        self._close()
+        for f in self.futures:
+            f.set_exception(exc)
+
+    def on_msg(self, msg: Msg) -> None:
+        headers = msg.headers or {}
+        if headers.get("Status") == "503":
+            self.fail(
+                NoActorError(
+                    f"no actor of mesh {self.state.name!r} is listening on {msg.subject} "
+                    "(stopped, crashed, or never spawned)"
+                )
+            )
+            return
+        try:
+            rank = int(headers[m.RANK])
+        except (KeyError, ValueError):
+            self._drop("no_rank", msg)
+            return
+        if rank not in self._expected:
+            self._drop("unexpected_rank", msg)
+            return
+        if rank in self.values:
+            self._drop("duplicate", msg)
+            return
+        if self._check_sender and headers.get(m.FROM) != self.state.actor_id(rank):
+            self._drop("wrong_sender", msg)
+            return
+        if headers.get(m.KIND) != "error" and is_reference(msg.data):
+            # A big reply is a reference to bytes kept by the replier: fetch them
+            # off the loop, then come back here with the real body.
+            self.state.rt.loop.create_task(self._fetch_then_take(msg))
+            return
+        self._take(rank, msg)
+
+    async def _fetch_then_take(self, msg: Msg) -> None:
+        rank = int((msg.headers or {})[m.RANK])
+        try:
+            data = await fetch_async(msg.data)
+        except Exception as e:
+            if rank in self.values:  # a reply sent again, whose bytes the first copy took
+                self._drop("duplicate", msg)
+            else:
+                self.fail(e)
+            return
+        self._take(rank, LocalMsg(msg.subject, data, msg.reply, msg.headers, owned=True))
+
+    def _drop(self, reason: str, msg: Msg) -> None:
+        Gather.dropped[reason] += 1
+        headers = msg.headers or {}
+        now = time.monotonic()
+        level = logging.DEBUG
+        # A duplicate can be innocent (a reply sent again for a caller that asked twice).
+        if reason != "duplicate" and now - Gather._last_warning.get(reason, -1e9) >= 10.0:
+            Gather._last_warning[reason] = now
+            level = logging.WARNING
+        self._log.log(
+            level,
+            "dropped a reply to a call of %s.%s (%s: Mon-Rank %r, Mon-From %r; %d so far): "
+            "a reply must come once from the actor the call went to",
+            self.state.name,
+            self.endpoint,
+            reason.replace("_", " "),
+            headers.get(m.RANK),
+            headers.get(m.FROM),
+            Gather.dropped[reason],
+        )
+
+    def _take(self, rank: int, msg: Msg) -> None:
+        if rank in self.values:  # two big replies for one rank, both fetched
+            self._drop("duplicate", msg)
+            return
+        try:
+            ok, value = m.decode_reply(msg)
+            if not ok:
+                value = m.decode_error(
+                    value, actor_id=self.state.actor_id(rank), rank=rank, endpoint=self.endpoint
+                )
+                if isinstance(value.exception, (SupervisionError, MessageLostError)):
+                    value = value.exception  # not an endpoint error: a failed actor, a lost message
+        except Exception as e:  # an undecodable reply fails the call, not the loop
+            ok, value = False, e
+        self.values[rank] = value
+        if self.mode == "stream":
+            fut = self.futures[self._arrived]
+            fut.set_result(value) if ok else fut.set_exception(value)
+            self._arrived += 1
+            if self._arrived == len(self.expected):
+                self._close()
+            return
+        if not ok:
+            self.fail(value)
+            return
+        if len(self.values) == len(self.expected):
+            self._close()
+            if self.mode == "mesh":
+                result = ValueMesh(self.view, [self.values[r] for r in self.view.ranks])
+            else:
+                result = value
+            self.futures[0].set_result(result)

@@ -1,0 +1,181 @@
+"""The control server of a process that hosts actors: it spawns, finds and stops them.
+
+Every proc runs one (and the client, once it hosts ``this_proc()`` actors or
+controllers). Control messages (``spawn``, ``stop_mesh``, ``stop``, ``ping``,
+``log_mode``; at the root also ``controller``, handed in by the client) are
+served one at a time, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from nats.aio.msg import Msg
+
+import monarch.actors.calls.actor_mesh  # noqa: F401  (registers the actor mesh reference type)
+from monarch.actors.calls.actor import resolve_class
+from monarch.actors.calls.instance import ActorInstance
+from monarch.actors.hosting.log_forwarding import apply_mode
+from monarch.actors.meshes.shape import Extent
+from monarch.actors.messaging import messages as m
+from monarch.actors.process_state import actor_process
+from monarch.broker import subjects
+from monarch.broker.codec import dumps, loads
+from monarch.core.runtime import Runtime
+from monarch.rdma.bulk import decode_body_async
+
+log = logging.getLogger("monarch.proc")
+
+
+class ProcServer:
+    """Handles this proc's control messages and owns its actors.
+
+    Control messages are served one at a time, in order, which also makes
+    ``get_or_spawn_controller`` race-free at the root client.
+    """
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.actors: dict[str, ActorInstance] = {}
+        self.stopped = asyncio.Event()
+        self._ctl: asyncio.Queue = asyncio.Queue()
+        self._task = rt.loop.create_task(self._serve())
+        self.controllers: dict[str, Any] = {}
+        self._handlers: dict[str, Callable[[Msg], Awaitable[Any]]] = {}  # kinds handed in
+        rt.set_ctl_handler(self._ctl.put_nowait)
+
+    async def _serve(self) -> None:
+        while True:
+            msg: Msg = await self._ctl.get()
+            kind = (msg.headers or {}).get(m.KIND, "")
+            try:
+                handler = self._handlers.get(kind) or getattr(self, f"_on_{kind}", None)
+                if handler is None:
+                    raise ValueError(f"unknown control message kind {kind!r}")
+                result = await handler(msg)
+                self._reply(msg, True, dumps(result))
+            except Exception as e:
+                log.debug("control %s failed: %r", kind, e)
+                self._reply(msg, False, m.encode_error(e))
+            if self.stopped.is_set():
+                return
+
+    def _reply(self, msg: Msg, ok: bool, body: bytes) -> None:
+        if msg.reply:
+            rank = (msg.headers or {}).get(m.RANK, "0")
+            headers = {m.KIND: "ok" if ok else "error", m.RANK: rank, m.FROM: self.rt.proc_uid}
+            self.rt.publish(msg.reply, body, headers)
+
+    async def _on_ping(self, msg: Msg) -> str:
+        return self.rt.proc_uid
+
+    async def _on_spawn(self, msg: Msg) -> None:
+        spec = await decode_body_async(msg.data)  # big __init__ arguments travel out of band
+        rank = int((msg.headers or {})[m.RANK])
+        extent = Extent(spec["labels"], spec["sizes"])
+        owner_proc, owner_actor = spec.get("owner") or (self.rt.root_uid, "client")
+        await self.spawn_instance(
+            spec["name"],
+            spec["uid"],
+            rank,
+            extent,
+            resolve_class(spec["cls"]),
+            tuple(spec["args"]),
+            spec["kwargs"],
+            owner=(owner_proc, owner_actor),
+        )
+
+    async def spawn_instance(
+        self,
+        name: str,
+        uid: str,
+        rank: int,
+        extent: Extent,
+        cls: type,
+        args: tuple,
+        kwargs: dict,
+        owner: tuple[str, str] | None = None,
+    ) -> ActorInstance:
+        """Construct one actor here and subscribe it to its 2^d subjects."""
+        inst = ActorInstance(self.rt, name=name, uid=uid, rank=rank, extent=extent, cls=cls)
+        inst.owner_proc, inst.owner_actor = owner or (self.rt.proc_uid, "client")
+        await inst.construct(args, kwargs)
+        inst.on_stopped = self._forget
+        inst.on_failure = self._actor_failed
+        self.actors[uid] = inst
+        coords = extent.coords(rank)
+        for subject in subjects.point_subscriptions(self.rt.namespace, name, uid, coords):
+            inst.subscriptions.append(await self.rt.subscribe_mesh(subject, inst.deliver))
+        return inst
+
+    def _forget(self, inst: ActorInstance) -> None:
+        if self.actors.get(inst.uid) is inst:
+            del self.actors[inst.uid]
+
+    def find(self, actor_id: str) -> ActorInstance | None:
+        """The live actor of this process with that id (owners are looked up this way)."""
+        for inst in self.actors.values():
+            if inst.actor_id == actor_id:
+                return inst
+        return None
+
+    def list_actors(self) -> list[dict[str, Any]]:
+        """What this proc hosts, as ``monarch ps`` shows it."""
+        return [
+            {
+                "mesh": inst.name,
+                "mesh_uid": inst.uid,
+                "rank": inst.rank,
+                "class": getattr(inst.cls, "__qualname__", str(inst.cls)),
+                "sizes": dict(inst.extent),
+            }
+            for inst in list(self.actors.values())
+        ]
+
+    def _actor_failed(self, inst: ActorInstance, exc: BaseException) -> None:
+        sup = actor_process(self.rt).supervisor
+        if sup is not None:
+            sup.actor_failed(inst, exc)
+
+    async def _on_log_mode(self, msg: Msg) -> None:
+        apply_mode(loads(msg.data))  # the owner's ProcMesh.logging_option
+
+    async def _on_stop_mesh(self, msg: Msg) -> None:
+        uid = loads(msg.data)
+        inst = self.actors.pop(uid, None)
+        if inst is not None:
+            await inst.stop(self.rt.settings.stop_timeout)
+
+    async def _on_stop(self, msg: Msg) -> None:
+        await self.stop_all()
+        self.stopped.set()
+
+    async def close(self) -> None:
+        """Stop every actor here and the control task (the process goes on)."""
+        await self.stop_all()
+        self._task.cancel()
+
+    async def stop_all(self) -> None:
+        for uid in list(self.actors):
+            inst = self.actors.pop(uid, None)
+            if inst is not None:
+                await inst.stop(self.rt.settings.stop_timeout)
+
+    def handle(self, kind: str, handler: Callable[[Msg], Awaitable[Any]]) -> None:
+        """Serve control messages of ``kind`` with ``handler`` too (the root's ``controller``)."""
+        self._handlers[kind] = handler
+
+
+_local_server: ProcServer | None = None
+
+
+def local_server(rt: Runtime) -> ProcServer:
+    """The actor host of this process, created on first use (the client has none until then)."""
+    global _local_server
+    if _local_server is None or _local_server.rt is not rt:
+        _local_server = ProcServer(rt)
+        rt.on_close(_local_server.close)
+    return _local_server

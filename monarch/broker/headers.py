@@ -1,0 +1,53 @@
+"""Every ``Mon-*`` NATS header this system writes, declared once, with what it means.
+
+Headers carry what a person watching traffic (``monarch tail``, ``nats sub
+'mon.>'``) wants to read; bodies are encoded by :mod:`monarch.broker.codec`.
+Modules use these names, never the strings, so this table is the whole list.
+"""
+
+from __future__ import annotations
+
+PREFIX = "Mon-"
+
+KIND = "Mon-Kind"
+ENDPOINT = "Mon-Endpoint"
+FROM = "Mon-From"
+SEQ = "Mon-Seq"
+SENT = "Mon-Sent"
+RANK = "Mon-Rank"
+WAIT = "Mon-Wait"
+COUNT = "Mon-Count"
+ADHOC = "Mon-Adhoc"
+AUTH = "Mon-Auth"
+LOOP_STALL = "Mon-Loop-Stall"
+MESH = "Mon-Mesh"
+OWNER = "Mon-Owner"
+REASON = "Mon-Reason"
+PROC = "Mon-Proc"
+STREAM = "Mon-Stream"
+XFER = "Mon-Xfer"
+
+# name -> what it carries (README "Watching the traffic" shows them on the wire)
+TABLE: dict[str, str] = {
+    KIND: "the message's kind: call (wants replies), send (no reply), reply, error, spawn, "
+    "stop, ready, ok, sync, batch; on control subjects also probe and lost; heartbeats "
+    "alive/dead; supervision failure; ps",
+    ENDPOINT: "the endpoint a call or send is for",
+    FROM: "the sender: its actor id (client for the root) or proc uid",
+    SEQ: "<n>@<sender proc uid>: the n-th send of that process to this subject (a hole is "
+    "a loss, monarch.actors.messaging.lost_sends); on heartbeats, the beat's number",
+    SENT: "<n>@<sender proc uid> on a gathered call or a sync marker: that many sends so far",
+    RANK: "the replier's rank in its mesh (replies), or the receiver's rank (spawn)",
+    WAIT: "one: a caller blocks on this single reply, so both sides busy-poll briefly "
+    "(monarch.core.busy_poll)",
+    COUNT: "how many messages a batch holds (monarch.broker.batch)",
+    ADHOC: "the caller used as_endpoint() on a plain method",
+    AUTH: "HMAC-SHA256 of the message under the job key (monarch.broker.auth)",
+    LOOP_STALL: "on heartbeats: seconds the sender's event loop has not turned",
+    MESH: "on supervision events: the failed mesh's name",
+    OWNER: "on supervision events: the owner actor told of the failure",
+    REASON: "on supervision events: why (proc_died, heartbeat_lost, actor_failed, ...)",
+    PROC: "on a host agent's exit reports: the proc that ended",
+    STREAM: "on forwarded output: stdout, stderr or log",
+    XFER: "on tensor moves between meshes: the transfer id",
+}
