@@ -231,3 +231,35 @@ def test_script_that_never_stops_its_procs_still_cleans_up(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert marker.read_text().strip() == "worker cleanup None"
+
+
+def test_the_embedded_broker_outlives_the_thread_that_first_used_monarch(tmp_path):
+    """A client whose first call happens on a pool thread keeps its broker after that thread
+    ends: the broker's parent-death signal is tied to a thread that lives as long as the
+    client (before, the kernel killed the broker with the pool's thread)."""
+    proc, _ = run_script(
+        tmp_path,
+        """
+        import threading
+        from monarch.actor import Actor, endpoint, this_host
+
+        class Echo(Actor):
+            @endpoint
+            def echo(self, x):
+                return x
+
+        def first_use():
+            pm = this_host().spawn_procs(per_host={"gpus": 1})
+            print(pm.spawn("a", Echo).echo.call_one(1).get(timeout=60))
+            pm.stop().get(timeout=60)
+
+        t = threading.Thread(target=first_use)
+        t.start()
+        t.join()
+        # the thread that started the runtime (and its broker) is gone now
+        pm = this_host().spawn_procs(per_host={"gpus": 1})
+        print(pm.spawn("b", Echo).echo.call_one(2).get(timeout=60))
+        """,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1", "2"]

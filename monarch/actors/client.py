@@ -26,7 +26,7 @@ from monarch.actors.hosting.server import local_server
 from monarch.actors.hosting.supervisor import start_supervision
 from monarch.actors.messaging.loss_recovery import start_loss_recovery
 from monarch.actors.procs.controllers import get_or_spawn_here
-from monarch.actors.procs.launcher import prestart_zygote
+from monarch.actors.procs.launcher import prestart_zygote, run_on_launcher_thread
 from monarch.broker import subjects
 from monarch.broker.config import settings
 from monarch.broker.server import EmbeddedBroker
@@ -103,7 +103,10 @@ def start_client() -> Runtime:
         # Loopback only, and a token that only the procs we start receive (in
         # MONARCH_NATS_URL, i.e. the environment, which only we can read; the
         # server reads it from a private config file, never from its argv).
-        broker = EmbeddedBroker(token=secrets.token_urlsafe(18)).start()
+        # Started on the launcher's long-lived thread: its parent-death signal must
+        # not fire when the thread that first used monarch ends (a pool's thread).
+        token = secrets.token_urlsafe(18)
+        broker = run_on_launcher_thread(lambda: EmbeddedBroker(token=token).start())
         url = broker.url
         # Procs we start inherit the URL through the environment.
         os.environ["MONARCH_NATS_URL"] = url

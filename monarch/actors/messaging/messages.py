@@ -31,6 +31,7 @@ from typing import Any
 from monarch.actors.errors import ActorError, RemoteException
 from monarch.broker.codec import CodecError, dumps, loads
 from monarch.broker.headers import ENDPOINT, FROM, KIND, RANK, SEQ, WAIT
+from monarch.core.runtime import LocalMsg
 from monarch.rdma.bulk import decode_body
 
 __all__ = ["ENDPOINT", "FROM", "KIND", "RANK", "SEQ", "WAIT"]
@@ -68,4 +69,4 @@ def decode_reply(msg: Any) -> tuple[bool, Any]:
         return False, msg.data
     # A big reply is a reference: its bytes are fetched here (blocks), unless the
     # gatherer fetched them already (then they are this message's alone).
-    return True, decode_body(msg.data, owned=getattr(msg, "owned", False))
+    return True, decode_body(msg.data, owned=type(msg) is LocalMsg and msg.owned)

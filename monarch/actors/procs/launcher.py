@@ -21,12 +21,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from monarch.actors.meshes.shape import Extent
 from monarch.broker._pdeathsig import child_dies_with_parent
 from monarch.broker.config import settings
 from monarch.core.runtime import current_runtime_or_none
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -344,6 +346,32 @@ async def on_launcher_thread(loop: asyncio.AbstractEventLoop, fn: Callable[[], N
 
     _launcher().put(job)
     await done
+
+
+def run_on_launcher_thread(fn: Callable[[], T], timeout: float = 60.0) -> T:
+    """Run ``fn`` on the launcher's one long-lived thread and return its result (blocks).
+
+    For children that must outlive the thread that asked: the embedded broker
+    started by a client whose first use of monarch is on a short-lived thread
+    (a thread pool's) would otherwise get its parent-death signal when that
+    thread ends. Raises what ``fn`` raised, or TimeoutError after ``timeout``.
+    """
+    out: queue.SimpleQueue = queue.SimpleQueue()
+
+    def job() -> None:
+        try:
+            out.put((True, fn()))
+        except BaseException as e:
+            out.put((False, e))
+
+    _launcher().put(job)
+    try:
+        ok, value = out.get(timeout=timeout)
+    except queue.Empty:
+        raise TimeoutError(f"the launcher thread did not run {fn!r} within {timeout} s") from None
+    if not ok:
+        raise value
+    return value
 
 
 def ensure_zygote() -> None:
