@@ -1,0 +1,39 @@
+"""Jobs: where a script's hosts come from (this machine, local processes, Slurm), as in Monarch.
+
+This module only re-exports; see :mod:`monarch.job.job` for the model
+(``JobTrait``, ``state()``, the ``.monarch/job_state.pkl`` cache).
+"""
+
+from monarch.actor import hosts_from_config
+from monarch.job.job import (
+    DEFAULT_JOB_PATH,
+    JobState,
+    JobTrait,
+    LocalJob,
+    exec_command,
+    job_load,
+    job_loads,
+    load_current_job,
+    set_current_job,
+)
+from monarch.job.port_forward import PortForwarder
+from monarch.job.process import ProcessJob
+from monarch.job.shell import shell
+from monarch.job.slurm import SlurmJob
+
+__all__ = [
+    "DEFAULT_JOB_PATH",
+    "JobState",
+    "JobTrait",
+    "LocalJob",
+    "PortForwarder",
+    "ProcessJob",
+    "SlurmJob",
+    "exec_command",
+    "hosts_from_config",
+    "job_load",
+    "job_loads",
+    "load_current_job",
+    "set_current_job",
+    "shell",
+]
