@@ -309,3 +309,13 @@ def test_streams_activate_nest_and_borrowed_tensors_compute_in_order(procs):
         got = monarch.inspect((a, d))
     assert torch.equal(got[0], torch.full((3,), 2.0))
     assert torch.equal(got[1], torch.full((3,), 22.0))
+
+
+def test_monarch_tools_network_answers_like_monarch():
+    """Scripts import AddrType and get_ipaddr from monarch.tools.network, as in Monarch 0.7."""
+    from monarch.tools.network import AddrType, get_ipaddr, get_sockaddr
+
+    assert get_ipaddr("127.0.0.1", 80, AddrType.IPv4) == "127.0.0.1"
+    assert get_sockaddr("127.0.0.1", 8080) == "127.0.0.1:8080"
+    with pytest.raises(RuntimeError, match="cannot resolve host"):
+        get_ipaddr("no-such-host.invalid", 80, AddrType.IPv4)

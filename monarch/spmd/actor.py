@@ -18,8 +18,8 @@ import os
 import socket
 
 from monarch.actor import Actor, current_rank, current_size, endpoint
-from monarch.spmd.network import AddrType, find_free_port, get_ipaddr
 from monarch.spmd.script import run_script
+from monarch.tools.network import AddrType, find_free_port, get_ipaddr
 
 
 class SPMDActor(Actor):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from monarch.actor import ProcMesh
 from monarch.spmd.actor import SPMDActor
-from monarch.spmd.network import AddrType
+from monarch.tools.network import AddrType
 
 SPMD_MESH_NAME = "_SPMDActor"
 """The actor mesh name Monarch 0.7 gives the SPMDActor these functions spawn."""

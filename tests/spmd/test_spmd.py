@@ -20,7 +20,7 @@ import pytest
 
 from monarch.actor import ActorError, SupervisionError, this_host
 from monarch.spmd import SPMDActor, setup_torch_elastic_env, setup_torch_elastic_env_async
-from monarch.spmd.network import AddrType
+from monarch.tools.network import AddrType
 from tests.helpers import wait_until
 from tests.spmd.spmd_actors import EnvProbe, SpmdOwner
 

@@ -1,8 +1,6 @@
-"""The master's address for torch elastic: this host's name or IP, and a free TCP port.
+"""Host addresses (Monarch 0.7's ``monarch.tools.network``): this host's name or IP, a free TCP port.
 
-Monarch 0.7 spells the address choice ``monarch.tools.network.AddrType``;
-it is defined here because this package has no ``monarch.tools`` (a
-``monarch.tools.network`` shim can re-export it). ``get_host_port(None)``
+:mod:`monarch.spmd` uses them for torch elastic's master address: ``get_host_port(None)``
 answers the host name, as torchrun's ``--master-addr`` default does; an
 ``AddrType`` asks for an IP address of that family instead, for clusters whose
 host names do not resolve everywhere.
@@ -60,3 +58,12 @@ def get_ipaddr(hostname: str, port: int, addr_type: AddrType = AddrType.Default)
         f"cannot resolve host {hostname!r} to a usable {families} address for TCP: "
         "check the host's network configuration, or pass master_addr explicitly"
     )
+
+
+def get_sockaddr(hostname: str, port: int) -> str:
+    """``ip:port`` (``[ip6]:port`` for IPv6) of ``hostname``, IPv6 preferred, as Monarch 0.7.
+
+    Raises ``RuntimeError`` when the host resolves to no usable address.
+    """
+    addr = get_ipaddr(hostname, port, AddrType.Default)
+    return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
