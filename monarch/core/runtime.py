@@ -340,6 +340,11 @@ class Runtime:
                 if yielded is None:
                     await asyncio.sleep(0)
                 else:
+                    # We stand where asyncio's Task would: the future came from the
+                    # coroutine's own await, which marked it blocking; clear that (as
+                    # Task does) or awaiting it here raises "await wasn't used with
+                    # future" at once, and the message is lost.
+                    yielded._asyncio_future_blocking = False
                     try:
                         await yielded
                     except BaseException:
