@@ -1,0 +1,243 @@
+"""Growth curves on the Monarch actor API: run with our package or the real Monarch.
+
+    python benchmarks/compare/scenarios_growth.py [--procs 1,2,4] [--actors 4,8] [--quick]
+
+One invocation is one run of two sweeps; ``benchmarks/bench_growth_compare.py``
+starts it several times per framework (each in its own venv, like run.py) and
+takes medians. Uses only the public ``monarch.actor`` API, so one script serves
+both packages ("ours" or "monarch" in every result line):
+
+* **procs**: for P in ``--procs``, a fresh ``spawn_procs(per_host={"gpus": P})``
+  with one ``Echo`` actor per proc;
+* **actors**: for N in ``--actors``, fresh 8 procs (``--actor-procs``) holding
+  N actors: N/8 meshes of 8 (or one mesh on a slice of N procs when N < 8).
+  A Monarch actor mesh has one actor per proc, so more actors per proc are
+  more meshes.
+
+Per point: ``spawn`` (procs sweep: spawn_procs + spawn + one gathered call
+answered by every actor; actors sweep: spawning the N actors on procs already
+up, until each mesh answered one gathered call), ``gather`` (median of
+``--rounds`` rounds, each one ``call`` to every mesh and waiting for all N
+replies), ``fire`` (seconds per 10,000 messages to the whole mesh: each message
+is one ``broadcast`` per mesh, then one gathered call waits until all are
+handled, per-sender ordering; above 32 actors fewer messages are sent, at
+most 320,000 deliveries as at 32 procs, the time scaled up to 10,000), and memory: PSS (``/proc/<pid>/smaps_rollup``, so
+pages shared with a zygote count once) of the procs themselves (the pids the
+actors report) and of every process the run added (the client's descendants
+and the procs, less what was there before: broker, zygote, Monarch's host
+processes). Prints JSON lines (see _common.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from _common import Reporter, percentile
+
+import monarch.actor
+from monarch.actor import Actor, endpoint, shutdown_context, this_host
+
+REAL = importlib.util.find_spec("monarch._rust_bindings") is not None
+FRAMEWORK = "monarch" if REAL else "ours"
+TIMEOUT = 120.0  # seconds; a single wait longer than this fails the point
+FIRE_FULL = 10_000  # messages to the whole mesh per point
+FIRE_CAP_ACTORS = 32  # above this many actors, fewer messages (time scaled to FIRE_FULL)
+
+
+class Echo(Actor):
+    @endpoint
+    def ping(self, x):
+        return x
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def ignore_fault(failure) -> None:
+    """A proc that dies while a mesh is stopped must not end the run."""
+
+
+# -- memory ------------------------------------------------------------------------
+
+
+def pss_kb(pid: int) -> int:
+    """Proportional set size of ``pid`` in KiB; 0 if it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def parents() -> dict[int, int]:
+    """pid -> parent pid of every process we can see."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                out[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    return out
+
+
+def family(roots: set[int]) -> set[int]:
+    """``roots`` and all their descendants (procs may be children of a zygote or host)."""
+    ppid = parents()
+    found = {r for r in roots if r in ppid}
+    grew = True
+    while grew:
+        more = {p for p, pp in ppid.items() if pp in found} - found
+        found |= more
+        grew = bool(more)
+    return found
+
+
+def wait_gone(pids: set[int], timeout: float = 10.0) -> None:
+    """Until stopped procs have exited, so the next point's memory is its own."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
+        time.sleep(0.05)
+
+
+# -- measuring one point ------------------------------------------------------------
+
+
+def measure(meshes: list, n_actors: int, rounds: int, fire: int) -> dict:
+    """gather and fire figures over ``meshes`` (all actors already answered once)."""
+    for i in range(min(rounds, 10)):  # warm-up
+        for f in [m.ping.call(i) for m in meshes]:
+            f.get(TIMEOUT)
+    lat = []
+    for i in range(rounds):
+        t = time.perf_counter()
+        for f in [m.ping.call(i) for m in meshes]:
+            f.get(TIMEOUT)
+        lat.append(time.perf_counter() - t)
+    lat.sort()
+    out = {"gather": percentile(lat, 0.5)}
+    try:
+        out["fire"] = fire_time(meshes, n_actors, fire)
+    except Exception as e:  # reported; the point's other figures still count
+        print(f"[{FRAMEWORK}] fire-and-forget, {n_actors} actors: {e!r}", file=sys.stderr)
+        out["fire_failed"] = 1
+    return out
+
+
+def fire_time(meshes: list, n_actors: int, fire: int) -> float:
+    """Seconds per FIRE_FULL messages, each one broadcast to every mesh."""
+    msgs = fire if n_actors <= FIRE_CAP_ACTORS else max(1, fire * FIRE_CAP_ACTORS // n_actors)
+    t = time.perf_counter()
+    for i in range(msgs):
+        for m in meshes:
+            m.ping.broadcast(i)
+    for f in [m.ping.call(-1) for m in meshes]:
+        f.get(TIMEOUT)
+    return (time.perf_counter() - t) * FIRE_FULL / msgs
+
+
+def memory(base_mesh, before: set[int]) -> tuple[dict, set[int]]:
+    """PSS of the procs (pids their actors report) and of everything the run added."""
+    proc_pids = {int(p) for p in base_mesh.pid.call().get(TIMEOUT).values()}
+    added = family({os.getpid()} | proc_pids) - before - {os.getpid()}
+    procs_kb = [pss_kb(p) for p in proc_pids]
+    return {
+        "pss_proc_mb": statistics.fmean(procs_kb) / 1024,
+        "pss_procs_total_mb": sum(procs_kb) / 1024,
+        "pss_added_mb": sum(pss_kb(p) for p in added | proc_pids) / 1024,
+        "n_added": len(added | proc_pids),
+    }, proc_pids
+
+
+def emit_point(rep: Reporter, sweep: str, x: int, figures: dict) -> None:
+    units = {"spawn": "s", "gather": "s", "fire": "s", "n_added": "processes", "fire_failed": ""}
+    for name, value in figures.items():
+        rep.emit(f"{sweep}:{x}", name, value, units.get(name, "MB"), sweep=sweep, x=x)
+
+
+def procs_point(rep: Reporter, p: int, args: argparse.Namespace, before: set[int]) -> None:
+    t = time.perf_counter()
+    procs = this_host().spawn_procs(per_host={"gpus": p})
+    mesh = procs.spawn("grow", Echo)
+    mesh.ping.call(0).get(TIMEOUT)
+    figures = {"spawn": time.perf_counter() - t}
+    figures.update(measure([mesh], p, args.rounds, args.fire))
+    mem, pids = memory(mesh, before)
+    figures.update(mem)
+    procs.stop().get(TIMEOUT)
+    wait_gone(pids)
+    emit_point(rep, "procs", p, figures)
+
+
+def actors_point(rep: Reporter, n: int, args: argparse.Namespace, before: set[int]) -> None:
+    width = args.actor_procs
+    procs = this_host().spawn_procs(per_host={"gpus": width})
+    base = procs.spawn("base", Echo)  # the procs are up, and tell their pids
+    base.ping.call(0).get(TIMEOUT)
+    t = time.perf_counter()
+    if n < width:
+        meshes = [procs.slice(gpus=slice(0, n)).spawn("grow0", Echo)]
+    else:
+        meshes = [procs.spawn(f"grow{i}", Echo) for i in range(n // width)]
+    for f in [m.ping.call(0) for m in meshes]:
+        f.get(TIMEOUT)
+    figures = {"spawn": time.perf_counter() - t}
+    figures.update(measure(meshes, n, args.rounds, args.fire))
+    mem, pids = memory(base, before)
+    figures.update(mem)
+    procs.stop().get(TIMEOUT)
+    wait_gone(pids)
+    emit_point(rep, "actors", n, figures)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--procs", default="1,2,4,8,16,32", help="procs sweep sizes ('' = none)")
+    ap.add_argument("--actors", default="4,8,16,32,64,128,256,512", help="actors sweep sizes")
+    ap.add_argument("--actor-procs", type=int, default=8, help="procs of the actors sweep")
+    ap.add_argument("--rounds", type=int, default=50, help="broadcast-and-gather rounds")
+    ap.add_argument("--fire", type=int, default=FIRE_FULL, help="fire-and-forget messages")
+    ap.add_argument("--results", help="also append the result lines to this file")
+    args = ap.parse_args()
+    args.skip = set()
+    rep = Reporter(FRAMEWORK, args)
+    dist = "torchmonarch" if REAL else "monarch-nats"
+    rep.info(version=importlib.metadata.version(dist), python=sys.version.split()[0])
+    monarch.actor.unhandled_fault_hook = ignore_fault
+    # The runtime (our broker and zygote, Monarch's local host) starts with the first
+    # spawn; a throw-away 1-proc mesh starts it, so no point pays for it and `before`
+    # holds those processes.
+    warm = this_host().spawn_procs(per_host={"gpus": 1})
+    warm_mesh = warm.spawn("warm", Echo)
+    warm_pid = warm_mesh.pid.call_one().get(TIMEOUT)
+    warm.stop().get(TIMEOUT)
+    wait_gone({warm_pid})
+    before = family({os.getpid()})
+    rep.info(runtime_processes=len(before) - 1,
+             runtime_pss_mb=sum(pss_kb(p) for p in before - {os.getpid()}) / 1024)  # fmt: skip
+    sizes = [("procs", int(x), procs_point) for x in args.procs.split(",") if x.strip()]
+    sizes += [("actors", int(x), actors_point) for x in args.actors.split(",") if x.strip()]
+    failed: set[str] = set()
+    for sweep, x, point in sizes:
+        if sweep in failed:
+            continue  # a point that failed (memory, time) ends its sweep
+        if not rep.run(f"{sweep}:{x}", lambda: point(rep, x, args, before)):  # noqa: B023
+            failed.add(sweep)
+            continue
+        print(f"[{FRAMEWORK}] {sweep} {x} done", file=sys.stderr, flush=True)
+    shutdown_context().get(30)
+
+
+if __name__ == "__main__":
+    main()
