@@ -16,6 +16,11 @@ from pydantic import BaseModel, Field, ValidationError
 
 ENV_PREFIX = "MONARCH_"
 
+# As in Monarch (``monarch.actor.config.prefix_python_logs_with_actor = False``):
+# whether log records made in actor code (and in client code that has used
+# ``context()``) start with ``[actor=<name>] ``.
+prefix_python_logs_with_actor = True
+
 
 class Settings(BaseModel):
     """The validated ``MONARCH_*`` environment."""

@@ -15,6 +15,7 @@ FROM = "Mon-From"
 SEQ = "Mon-Seq"
 SENT = "Mon-Sent"
 RANK = "Mon-Rank"
+MSG_RANK = "Mon-Msg-Rank"
 WAIT = "Mon-Wait"
 COUNT = "Mon-Count"
 ADHOC = "Mon-Adhoc"
@@ -38,6 +39,8 @@ TABLE: dict[str, str] = {
     "a loss, monarch.actors.messaging.lost_sends); on heartbeats, the beat's number",
     SENT: "<n>@<sender proc uid> on a gathered call or a sync marker: that many sends so far",
     RANK: "the replier's rank in its mesh (replies), or the receiver's rank (spawn)",
+    MSG_RANK: "on replies and port messages from an actor the message reached through a "
+    "slice: its rank within that slice (a ranked PortReceiver's rank, as in Monarch)",
     WAIT: "one: a caller blocks on this single reply, so both sides busy-poll briefly "
     "(monarch.core.busy_poll)",
     COUNT: "how many messages a batch holds (monarch.broker.batch)",

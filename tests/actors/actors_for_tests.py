@@ -32,11 +32,6 @@ class Echo(Actor):
         }
 
     @endpoint
-    async def aping(self, x):
-        await asyncio.sleep(0)
-        return x
-
-    @endpoint
     def record(self, tag, n: int) -> None:
         self.seen.append((tag, n))
 
@@ -62,6 +57,15 @@ class Echo(Actor):
         return 1
 
 
+class AsyncEcho(Actor):
+    """Echo's async twin (an actor's endpoints are all sync or all async, as in Monarch)."""
+
+    @endpoint
+    async def aping(self, x):
+        await asyncio.sleep(0)
+        return x
+
+
 class Relay(Actor):
     """Calls another mesh from inside its own endpoints."""
 
@@ -72,6 +76,13 @@ class Relay(Actor):
     def relay_sync(self, x):
         # Blocks this actor's thread on another actor's reply: must not deadlock the proc.
         return self.target.ping.call(x).get(timeout=30)
+
+
+class AsyncRelay(Actor):
+    """Relay's async twin: awaits another mesh's reply on the proc's loop."""
+
+    def __init__(self, target) -> None:
+        self.target = target
 
     @endpoint
     async def relay_async(self, x):
@@ -97,6 +108,14 @@ class Big(Actor):
         return len(data)
 
 
+class AsyncPrinter(Actor):
+    """Prints from an async endpoint, on the proc's loop."""
+
+    @endpoint
+    async def say_async(self, text: str) -> None:
+        print(text)
+
+
 class Printer(Actor):
     """Writes to stdout, stderr and logging from its endpoints (log forwarding tests)."""
 
@@ -110,10 +129,6 @@ class Printer(Actor):
     @endpoint
     def say_err(self, text: str) -> None:
         print(text, file=sys.stderr)
-
-    @endpoint
-    async def say_async(self, text: str) -> None:
-        print(text)
 
     @endpoint
     def warn(self, text: str) -> None:

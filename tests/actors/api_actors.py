@@ -92,7 +92,7 @@ class Concurrent(Actor):
         return i
 
     @endpoint
-    def started_order(self) -> list:
+    async def started_order(self) -> list:
         return self.started
 
     @concurrent_endpoint
@@ -104,7 +104,7 @@ class Concurrent(Actor):
                 f.write("cancelled\n")
             raise
 
-    def __cleanup__(self, exc) -> None:
+    async def __cleanup__(self, exc) -> None:
         with open(self.path, "a") as f:
             f.write("cleanup\n")
 

@@ -83,15 +83,6 @@ class Hop(Actor):
             mesh.stop().get(timeout=60)
 
     @endpoint
-    async def fresh_procs(self, wait: bool) -> Box:
-        """Start procs here (owned by this actor) and return them, at once or once up."""
-        procs = this_host().spawn_procs(per_host={"fresh": 1}, name="fresh")
-        self.__dict__.setdefault("fresh", []).append(procs)
-        if wait:
-            await procs.initialized
-        return Box(procs=procs)
-
-    @endpoint
     def own_proc(self) -> Box:
         """This actor's own process as a proc mesh of one, inside an object."""
         return Box(procs=context().actor_instance.proc, pid=os.getpid())
@@ -113,6 +104,20 @@ class Hop(Actor):
             return list(procs.spawn("w", Where).where.call().get(timeout=60).values())
         finally:
             procs.stop().get(timeout=60)
+
+
+class FreshProcs(Actor):
+    """Starts procs from an async endpoint (a class of its own: Monarch refuses an actor
+    that mixes sync and async endpoints)."""
+
+    @endpoint
+    async def fresh_procs(self, wait: bool) -> Box:
+        """Start procs here (owned by this actor) and return them, at once or once up."""
+        procs = this_host().spawn_procs(per_host={"fresh": 1}, name="fresh")
+        self.__dict__.setdefault("fresh", []).append(procs)
+        if wait:
+            await procs.initialized
+        return Box(procs=procs)
 
 
 class WrapperProbe(Actor):

@@ -8,7 +8,6 @@ import pytest
 
 from monarch.actor import (
     Actor,
-    ActorError,
     SupervisionError,
     concurrent_endpoint,
     context,
@@ -101,8 +100,10 @@ def test_sync_endpoints_keep_their_thread_and_its_thread_locals(procs):
 def test_proc_mesh_of_the_client_and_inside_an_actor(procs):
     assert dict(context().actor_instance.proc_mesh.extent) == {}
     info = procs.spawn("procinfo", ProcInfo).slice(gpus=1)
-    with pytest.raises(ActorError, match="cannot be referenced from its procs"):
-        info.info.call_one().get(timeout=30)
+    # inside an actor: the proc mesh it was spawned on (as in Monarch); .proc is its own proc
+    got = info.info.call_one().get(timeout=30)
+    assert got["proc_mesh_extent"] == dict(procs.extent)
+    assert got["proc_extent"] == {}
 
 
 # -- what Monarch refuses where a class is defined or spawned -------------------------

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from monarch.actor import this_host
-from tests.actors.actors_for_tests import Printer
+from tests.actors.actors_for_tests import AsyncPrinter, Printer
 from tests.helpers import proc_mesh_fixture
 
 
@@ -59,8 +59,9 @@ def test_print_from_sync_endpoint_reaches_client_with_actor_and_rank(procs, prin
     cap = Captured(capsys)
     out = cap.wait_for("[printer[2]] hello from a proc\n")
     assert out.count("hello from a proc") == 1
-    printer.slice(gpus=1).say_async.call_one("hello from the loop").get(timeout=30)
-    cap.wait_for("[printer[1]] hello from the loop\n")
+    aprinter = procs.spawn("aprinter", AsyncPrinter)
+    aprinter.slice(gpus=1).say_async.call_one("hello from the loop").get(timeout=30)
+    cap.wait_for("[aprinter[1]] hello from the loop\n")
 
 
 def test_stderr_reaches_client_stderr(procs, printer, capsys):
@@ -85,12 +86,14 @@ def test_logging_records_arrive_with_level_and_level_filters(procs, printer, cap
     one.warn.call_one("careful now").get(timeout=30)
     cap = Captured(capsys)
     err = cap.wait_for("careful now", where="err")
-    assert "[printer[1]] WARNING monarch.actor.printer: careful now\n" in err
+    # the record's message starts with the actor's name, as in Monarch
+    me = "[actor=<root>.<tests.actors.actors_for_tests.Printer printer{'gpus': 1/4}>]"
+    assert f"[printer[1]] WARNING monarch.actor.printer: {me} careful now\n" in err
     assert "quiet detail" not in err  # sent before the warning, so it would be here by now
     procs.logging_option(aggregate_window_sec=None, level=logging.INFO)
     one.info.call_one("now audible").get(timeout=30)
     err = cap.wait_for("now audible", where="err")
-    assert "[printer[1]] INFO monarch.actor.printer: now audible\n" in err
+    assert f"[printer[1]] INFO monarch.actor.printer: {me} now audible\n" in err
     assert "careful now" not in cap.out
 
 

@@ -22,7 +22,7 @@ from monarch.actor import (
     this_proc,
 )
 from monarch.broker.codec import dumps, loads
-from tests.actors.ref_actors import Box, Holder, Hop, Where
+from tests.actors.ref_actors import Box, FreshProcs, Holder, Hop, Where
 from tests.helpers import pid_alive, proc_mesh_fixture, wait_until
 
 procs = proc_mesh_fixture({"gpus": 3}, name="refs")
@@ -144,8 +144,8 @@ def test_meshes_spawned_through_a_reference_fail_calls_once_the_owner_stops_the_
     )
 
 
-def test_proc_mesh_sent_from_an_async_endpoint_must_be_up_first(hops):
-    a, _ = hops
+def test_proc_mesh_sent_from_an_async_endpoint_must_be_up_first(procs):
+    a = procs.slice(gpus=0).spawn("fresh_starter", FreshProcs)
     with pytest.raises(ActorError, match="still starting: `await procs.initialized`"):
         a.fresh_procs.call_one(False).get(timeout=60)
     box = a.fresh_procs.call_one(True).get(timeout=60)

@@ -16,7 +16,7 @@ from monarch.actor import (
     ValueMesh,
     this_host,
 )
-from tests.actors.actors_for_tests import Echo, Relay
+from tests.actors.actors_for_tests import AsyncEcho, AsyncRelay, Echo, Relay
 from tests.helpers import pid_alive, proc_mesh_fixture
 
 procs = proc_mesh_fixture({"gpus": 4})
@@ -78,8 +78,9 @@ def test_broadcast_is_delivered_before_a_later_call(echo):
         assert log == [("b", i) for i in range(20)]
 
 
-def test_async_endpoint(echo):
-    assert list(echo.aping.call(3).get(timeout=30).values()) == [3, 3, 3, 3]
+def test_async_endpoint(procs):
+    aecho = procs.spawn("aecho", AsyncEcho)
+    assert list(aecho.aping.call(3).get(timeout=30).values()) == [3, 3, 3, 3]
 
 
 def test_future_await_and_as_asyncio(echo):
@@ -116,6 +117,7 @@ def test_sync_endpoint_blocking_on_another_actor_does_not_deadlock(procs, echo):
     relay = procs.spawn("relay", Relay, echo)
     vm = relay.relay_sync.call(9).get(timeout=60)
     assert [list(v.values()) for v in vm.values()] == [[9] * 4] * 4
+    relay = procs.spawn("arelay", AsyncRelay, echo)
     vm = relay.relay_async.call(4).get(timeout=60)
     assert [list(v.values()) for v in vm.values()] == [[4] * 4] * 4
 

@@ -93,12 +93,16 @@ class BufferOwner(Actor):
         return t.numel(), checksum(t), [int(t[i]) for i in picks]
 
     @endpoint
-    async def asummary(self, t: torch.Tensor) -> tuple[int, int]:
-        return t.numel(), checksum(t)
-
-    @endpoint
     def big(self, n: int, seed: int) -> torch.Tensor:
         return pattern(n, seed)
+
+
+class AsyncSummary(Actor):
+    """Reads a tensor argument in an async endpoint (its bytes are fetched on the loop)."""
+
+    @endpoint
+    async def asummary(self, t: torch.Tensor) -> tuple[int, int]:
+        return t.numel(), checksum(t)
 
 
 class BigInit(Actor):

@@ -12,7 +12,7 @@ from monarch.broker.codec import dumps, loads
 from monarch.core.runtime import runtime
 from monarch.rdma import BufferDroppedError, bulk
 from monarch.rdma.owner import current_owner, local_owner
-from tests.rdma.rdma_actors import checksum, pattern
+from tests.rdma.rdma_actors import AsyncSummary, checksum, pattern
 
 
 def _bulk_entries() -> int:
@@ -70,14 +70,15 @@ def test_fetch_async_runs_off_the_loop(nats_url):
     assert asyncio.run(main()) == (data, b"plain")
 
 
-def test_tensor_argument_over_max_payload(owners, transport):
+def test_tensor_argument_over_max_payload(procs, owners, transport):
     n = 3 * runtime().max_payload + 123
     t = pattern(n, 9)
     picks = [0, 1, n // 2, n - 1]
     vm = owners.summary.call(t, picks).get(timeout=60)  # one body, fetched by both
     for numel, total, sampled in vm.values():
         assert numel == n and total == checksum(t) and sampled == [int(t[i]) for i in picks]
-    numel, total = owners.slice(gpus=1).asummary.call_one(t).get(timeout=60)  # async endpoint
+    asum = procs.slice(gpus=1).spawn("asum", AsyncSummary)
+    numel, total = asum.asummary.call_one(t).get(timeout=60)  # an async endpoint
     assert (numel, total) == (n, checksum(t))
     assert _bulk_entries() == 0  # every reader acknowledged: nothing held any more
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from monarch.actor import Actor, context, endpoint
@@ -44,7 +45,7 @@ class Counter(Actor):
         return seconds
 
     @endpoint
-    async def deafen(self) -> str:
+    def deafen(self) -> str:
         """Stop hearing messages sent to the whole mesh (still hear those for this rank):
         from then on, a whole-mesh call never reaches this actor, as if lost on the way."""
         me = context().actor_instance
@@ -54,5 +55,6 @@ class Counter(Actor):
         )
         for sub in [s for s in inst.subscriptions if s.subject == whole]:
             inst.subscriptions.remove(sub)
-            await sub.unsubscribe()
+            # on the proc's loop (nats-py is not thread-safe); this sync endpoint waits for it
+            asyncio.run_coroutine_threadsafe(sub.unsubscribe(), runtime().loop).result(30)
         return whole

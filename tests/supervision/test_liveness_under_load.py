@@ -125,7 +125,7 @@ def test_blocked_event_loop_is_reported_as_stalled_not_dead(tmp_path, nats_url):
                 return "done"
 
             @endpoint
-            def where(self) -> str:
+            async def where(self) -> str:
                 return context().actor_instance.proc_uid
 
         watcher = supervisor_of(runtime()).watcher

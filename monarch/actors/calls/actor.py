@@ -40,14 +40,34 @@ def check_actor_class(cls: Any) -> type:
 
 
 def _check_hooks_match_endpoints(cls: type) -> None:
-    """An actor with sync endpoints needs sync hooks, as Monarch requires (``ValueError``).
+    """An actor is sync or async as a whole, as Monarch requires (``ValueError`` at spawn).
 
-    Monarch also refuses a class that mixes sync and async endpoints, or has
-    async endpoints and a sync ``__cleanup__``. This runtime runs both kinds
-    safely (sync code on the actor's thread, async code on the loop) and
-    accepts those classes: a script written for Monarch never has them.
+    A class whose endpoints are all plain ``def`` is a sync actor: its code
+    runs on a thread of its own, so a blocking ``.get()`` inside it is safe;
+    its ``__cleanup__`` and ``__supervise__`` must be plain ``def`` too. Any
+    other class is an async actor: its code runs on the proc's event loop, so
+    a sync endpoint there could block (or deadlock) the loop. Hence Monarch
+    refuses a class that mixes sync and async endpoints, or that has async
+    endpoints and a sync ``__cleanup__``; so does this runtime, with Monarch's
+    messages.
     """
-    sync = sorted(name for name, prop in endpoints_of(cls).items() if not prop.is_async)
+    sync: list[str] = []
+    asyncs: list[str] = []
+    for name, prop in sorted(endpoints_of(cls).items()):
+        (asyncs if prop.is_async else sync).append(name)
+    cleanup = getattr(cls, "__cleanup__", None)
+    if sync and asyncs:
+        raise ValueError(
+            f"{cls} mixes both async and sync endpoints. Synchronous endpoints cannot be "
+            "mixed with async endpoints because they can cause the asyncio loop to deadlock "
+            f"if they wait. sync: {sync} async: {asyncs}"
+        )
+    if asyncs and cleanup is not None and not inspect.iscoroutinefunction(cleanup):
+        raise ValueError(
+            f"{cls} has async endpoints, but a synchronous __cleanup__. Make sure __cleanup__ "
+            "is also async. Synchronous endpoints cannot be mixed with async endpoints because "
+            f"they can cause the asyncio loop to deadlock if they wait. async: {asyncs}"
+        )
     if not sync:
         return
     for hook in ("__cleanup__", "__supervise__"):

@@ -8,11 +8,13 @@ tree (a mesh of one, with an empty extent).
 from __future__ import annotations
 
 import contextvars
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from monarch.actors.meshes.shape import Extent, Point
+from monarch.broker import config
 from monarch.core.runtime import current_runtime_or_none
 
 # this_proc(), handed in by monarch.actors.procs.proc_mesh (which builds on this module).
@@ -23,6 +25,30 @@ def set_this_proc(fn: Callable[[], Any]) -> None:
     """Hand in what ``Instance.proc`` returns: this process as a proc mesh of one."""
     global _this_proc
     _this_proc = fn
+
+
+# A proc mesh from the reference fields a spawn message carries, handed in by
+# monarch.actors.procs.proc_mesh (it owns the reference format).
+_proc_mesh_from_fields: Callable[[list], Any] | None = None
+
+
+def set_proc_mesh_decoder(fn: Callable[[list], Any]) -> None:
+    """Hand in how ``Instance.proc_mesh`` turns a spawn message's reference into a ProcMesh."""
+    global _proc_mesh_from_fields
+    _proc_mesh_from_fields = fn
+
+
+def proc_mesh_from_fields(fields: list) -> Callable[[], Any]:
+    """``Instance.proc_mesh``, resolved on first use (a reference here watches the procs)."""
+
+    def resolve() -> Any:
+        if _proc_mesh_from_fields is None:
+            raise RuntimeError(
+                "no proc meshes here: monarch.actors.procs.proc_mesh is not imported"
+            )
+        return _proc_mesh_from_fields(fields)
+
+    return resolve
 
 
 class Instance:
@@ -37,6 +63,8 @@ class Instance:
         _stop: Any = None,
         _abort: Any = None,
         _proc_mesh: Any = None,
+        class_name: str | None = None,
+        creator: CreatorInstance | None = None,
     ) -> None:
         self.actor_id = actor_id
         self.name = name  # the name the actor mesh was given at spawn
@@ -44,33 +72,41 @@ class Instance:
         self.proc_uid = proc_uid
         self._stop = _stop
         self._abort = _abort
-        self._proc_mesh = _proc_mesh  # the ProcMesh the actor was spawned on, when the spawn said
+        # The ProcMesh the actor was spawned on, or a function that makes it (on first use).
+        self._proc_mesh = _proc_mesh
+        self.class_name = class_name  # ``module.Class`` of the actor; None for the client
+        self.creator = creator  # who spawned this actor; None for the client (the root)
         self._actor: Any = None
         self.owned: list[Any] = []  # meshes this actor spawned; stopped before it cleans up
+        self._qualified: str | None = None
 
     @property
     def proc(self) -> Any:
         """The process this code runs in, as a proc mesh of one (spawn actors next to it)."""
         if _this_proc is None:
-            raise RuntimeError("no proc meshes here: monarch.actors.procs.proc_mesh is not imported")
+            raise RuntimeError(
+                "no proc meshes here: monarch.actors.procs.proc_mesh is not imported"
+            )
         return _this_proc()
 
     @property
     def proc_mesh(self) -> Any:
         """The proc mesh this code runs in.
 
-        Inside an actor: the whole proc mesh it was spawned on (as in Monarch),
-        when its spawn message named it; otherwise ``NotImplementedError``
-        (use ``.proc`` for the actor's own proc, or pass the proc mesh as an
-        argument). In the client: its own process, as a proc mesh of one.
+        Inside an actor: the proc mesh (or slice of one) it was spawned on, as
+        in Monarch, so ``context().actor_instance.proc_mesh.spawn(...)`` puts
+        siblings on the same procs; a controller's is the root client's process.
+        In the client: its own process, as a proc mesh of one.
         """
-        if self._proc_mesh is not None:
-            return self._proc_mesh
+        pm = self._proc_mesh
+        if callable(pm):  # a reference from the spawn message: made on first use
+            pm = self._proc_mesh = pm()
+        if pm is not None:
+            return pm
         if self._stop is not None:  # only actors can stop themselves: this is one
             raise NotImplementedError(
-                f"context().actor_instance.proc_mesh inside actor {self.actor_id}: a proc mesh "
-                "cannot be referenced from its procs yet; use context().actor_instance.proc "
-                "(this actor's proc) or pass the actors the code needs as arguments"
+                f"context().actor_instance.proc_mesh inside actor {self.actor_id}: its spawn "
+                "did not say which proc mesh it runs on; use context().actor_instance.proc"
             )
         return self.proc
 
@@ -89,8 +125,61 @@ class Instance:
             raise RuntimeError("the client cannot abort itself; raise an exception or exit")
         self._abort(reason)
 
+    def creator_chain(self) -> list[list]:
+        """This instance and its creators, innermost first, as a spawn message carries them."""
+        chain: list[list] = []
+        ins: Any = self
+        while ins is not None:
+            chain.append([ins.name, ins.class_name, ins.rank.extent.labels,
+                          ins.rank.extent.sizes, ins.rank.rank])  # fmt: skip
+            ins = ins.creator
+        return chain
+
     def __repr__(self) -> str:
-        return f"Instance({self.actor_id!r}, rank={self.rank!r})"
+        """Monarch's name for it: ``<root>``, then ``<module.Class name{point}>`` per spawn."""
+        if self._qualified is None:
+            self._qualified = qualified_name(self)
+        return self._qualified
+
+    __str__ = __repr__
+
+
+class CreatorInstance:
+    """Who spawned an actor (``context().actor_instance.creator``), as Monarch describes it.
+
+    Only what names it travels with the spawn: ``name``, ``class_name``,
+    ``rank`` and its own ``creator`` (``None`` at the root client).
+    """
+
+    def __init__(
+        self, name: str, class_name: str | None, rank: Point, creator: CreatorInstance | None
+    ) -> None:
+        self.name = name
+        self.class_name = class_name
+        self.rank = rank
+        self.creator = creator
+
+    @staticmethod
+    def from_chain(chain: list[list] | None) -> CreatorInstance | None:
+        """The creator a spawn message described (see :meth:`Instance.creator_chain`)."""
+        creator = None
+        for name, class_name, labels, sizes, rank in reversed(chain or []):
+            creator = CreatorInstance(name, class_name, Point(rank, Extent(labels, sizes)), creator)
+        return creator
+
+    def __repr__(self) -> str:
+        return qualified_name(self)
+
+
+def qualified_name(ins: Any) -> str:
+    """``<root>.<mod.Parent p{'f': 0/2}>.<mod.Child c{'g': 1/4}>``: the chain of spawns."""
+    names = []
+    while ins is not None:
+        prefix = "" if ins.class_name is None else f"{ins.class_name} "
+        point = repr(ins.rank) if len(ins.rank.extent.labels) > 0 else ""
+        names.append(f"<{prefix}{ins.name}{point}>")
+        ins = ins.creator
+    return ".".join(reversed(names))
 
 
 @dataclass
@@ -107,7 +196,11 @@ _current: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
 )
 
 
+_in_client = contextvars.ContextVar("monarch_client_context", default=False)
+
+
 def set_context(ctx: Context | None) -> contextvars.Token:
+    _install_log_prefix()
     return _current.set(ctx)
 
 
@@ -115,7 +208,7 @@ def _client_context() -> Context:
     rt = current_runtime_or_none()
     uid = rt.proc_uid if rt is not None else "client"
     point = Point(0, _CLIENT_EXTENT)
-    return Context(Instance(actor_id="client", name="client", rank=point, proc_uid=uid), point)
+    return Context(Instance(actor_id="client", name="root", rank=point, proc_uid=uid), point)
 
 
 def actor_context() -> Context | None:
@@ -126,7 +219,12 @@ def actor_context() -> Context | None:
 def context() -> Context:
     """The context of the code now running (an actor's, or the client's)."""
     ctx = _current.get()
-    return ctx if ctx is not None else _client_context()
+    if ctx is not None:
+        return ctx
+    if not _in_client.get():  # from now on this thread's log records say "[actor=<root>]"
+        _install_log_prefix()
+        _in_client.set(True)
+    return _client_context()
 
 
 def current_rank() -> Point:
@@ -158,3 +256,42 @@ def sender_id() -> str:
     """Readable id for the ``Mon-From`` header."""
     ctx = _current.get()
     return ctx.actor_instance.actor_id if ctx is not None else "client"
+
+
+# -- "[actor=...]" before log messages, as in Monarch -------------------------------------
+
+
+def _install_log_prefix() -> None:
+    """Once per process: log records made in an actor's code (or in client code that
+    has used ``context()``) start with ``[actor=<its name>] ``, unless
+    ``monarch.actor.config.prefix_python_logs_with_actor`` is false.
+
+    Done where records are made (the record factory), so every handler sees it,
+    including handlers added later.
+    """
+    global _log_prefix_installed
+    if _log_prefix_installed:
+        return
+    _log_prefix_installed = True
+    make = logging.getLogRecordFactory()
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make(*args, **kwargs)
+        if not record.msg or not getattr(config, "prefix_python_logs_with_actor", True):
+            return record  # empty messages are structured logs (torch.compile): untouched
+        ctx = _current.get()
+        if ctx is not None:
+            who = repr(ctx.actor_instance)
+        elif _in_client.get():
+            who = _ROOT
+        else:
+            return record
+        record.actor_prefix = f"[actor={who}] "
+        record.msg = f"{record.actor_prefix}{record.msg}"
+        return record
+
+    logging.setLogRecordFactory(factory)
+
+
+_ROOT = "<root>"
+_log_prefix_installed = False

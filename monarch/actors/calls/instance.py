@@ -29,7 +29,7 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
-from monarch.actors.calls.context import Context, Instance, set_context
+from monarch.actors.calls.context import Context, CreatorInstance, Instance, set_context
 from monarch.actors.calls.endpoint import EndpointProperty, endpoints_of
 from monarch.actors.calls.mailbox import Job, LoopRunner, ThreadRunner
 from monarch.actors.calls.ports import Port
@@ -85,6 +85,7 @@ class ActorInstance:
         extent: Extent,
         cls: type,
         proc_mesh: Any = None,
+        creator: CreatorInstance | None = None,
     ) -> None:
         self.rt = rt
         self.name = name
@@ -103,6 +104,8 @@ class ActorInstance:
             _stop=self.request_stop,
             _abort=self.abort,
             _proc_mesh=proc_mesh,  # context().actor_instance.proc_mesh
+            class_name=f"{cls.__module__}.{cls.__qualname__}",
+            creator=creator,
         )
         self.obj: Any = None
         self.subscriptions: list[Any] = []
@@ -146,9 +149,23 @@ class ActorInstance:
         return await done
 
     async def construct(self, args: tuple, kwargs: dict) -> None:
-        """Run ``__init__`` in the actor's turn; raises what it raises."""
+        """Run ``__init__`` in the actor's turn; raises what it raises.
+
+        It runs on the thread that will run the endpoints, as in Monarch: a
+        sync actor's own thread, or the proc's loop for an async actor (so
+        thread-local state made in ``__init__`` is there in every endpoint; a
+        blocking ``__init__`` holds the loop, as Monarch's holds its actor loop).
+        """
+
+        async def on_loop() -> Any:
+            return self.cls(*args, **kwargs)
+
+        def on_thread() -> Any:
+            return self.cls(*args, **kwargs)
+
+        build = on_loop if isinstance(self._runner, LoopRunner) else on_thread
         try:
-            self.obj = await self.call_on_actor(lambda: self.cls(*args, **kwargs))
+            self.obj = await self.call_on_actor(build)
         except BaseException:
             self._runner.close()
             raise
@@ -346,10 +363,10 @@ class ActorInstance:
                 runner.post(self._start_concurrent, prop, item)
             else:
                 if prop.is_async:
-                    ok, body = runner.run_async(self._invoke_async(prop, item))
+                    ok, body, at = runner.run_async(self._invoke_async(prop, item))
                 else:
-                    ok, body = self._invoke_sync(prop, item)
-                runner.post(self._respond, item, ok, body, prop)
+                    ok, body, at = self._invoke_sync(prop, item)
+                runner.post(self._respond, item, ok, body, prop, at)
         if self._stop_requested:
             self._stop_requested = False
             runner.post(self._stop_soon)
@@ -427,10 +444,10 @@ class ActorInstance:
 
     async def _run_one(self, prop: EndpointProperty, msg: Msg) -> None:
         if prop.is_async:
-            ok, body = await self._invoke_async(prop, msg)
+            ok, body, at = await self._invoke_async(prop, msg)
         else:  # a sync concurrent or ad-hoc endpoint: a worker thread, never the loop
-            ok, body = await self.rt.loop.run_in_executor(None, self._invoke_sync, prop, msg)
-        self._respond(msg, ok, body, prop)
+            ok, body, at = await self.rt.loop.run_in_executor(None, self._invoke_sync, prop, msg)
+        self._respond(msg, ok, body, prop, at)
 
     def _endpoint_for(self, msg: Msg) -> EndpointProperty | None:
         headers = msg.headers or {}
@@ -447,7 +464,8 @@ class ActorInstance:
 
     def _prepare(
         self, prop: EndpointProperty, msg: Msg, data: bytes | None = None
-    ) -> tuple[tuple, dict]:
+    ) -> tuple[tuple, dict, int]:
+        """The call's arguments, and this actor's rank in the mesh (or slice) it was sent to."""
         # A big message arrives as a reference to its bytes (monarch.rdma.bulk): fetch them.
         try:
             # A fetched big body is ours alone: tensors in it are used in place.
@@ -465,22 +483,24 @@ class ActorInstance:
                 f"{self.actor_id} could not read a message for {prop.name!r} on {msg.subject}: {e}"
             ) from e
         if view_spec is None:
-            set_context(Context(self.info, self.point))
-        else:
-            set_context(Context(self.info, message_point))
+            message_point = self.point
+        set_context(Context(self.info, message_point))
         if prop.explicit_response_port:
-            args = (Port(msg.reply or "", self.rank), *args)
-        return args, kwargs
+            args = (Port(msg.reply or "", self.rank, message_point.rank), *args)
+        return args, kwargs, message_point.rank
 
-    def _invoke_sync(self, prop: EndpointProperty, msg: Msg) -> tuple[bool, bytes]:
+    def _invoke_sync(self, prop: EndpointProperty, msg: Msg) -> tuple[bool, bytes, int]:
+        """Run a sync endpoint: (ok, reply body, this actor's rank where the message was sent)."""
+        at = self.rank
         try:
-            args, kwargs = self._prepare(prop, msg)
+            args, kwargs, at = self._prepare(prop, msg)
             result = prop._method(self.obj, *args, **kwargs)
-            return True, self._encode_result(prop, msg, result)
+            return True, self._encode_result(prop, msg, result), at
         except BaseException as e:  # SystemExit too: it must not end the actor's thread
-            return self._failure(prop, e)
+            return (*self._failure(prop, e), at)
 
-    async def _invoke_async(self, prop: EndpointProperty, msg: Msg) -> tuple[bool, bytes]:
+    async def _invoke_async(self, prop: EndpointProperty, msg: Msg) -> tuple[bool, bytes, int]:
+        at = self.rank
         try:
             try:
                 data = await fetch_async(msg.data)
@@ -488,13 +508,13 @@ class ActorInstance:
                 raise MalformedMessageError(
                     f"{self.actor_id} could not fetch a message: {e}"
                 ) from e
-            args, kwargs = self._prepare(prop, msg, data)
+            args, kwargs, at = self._prepare(prop, msg, data)
             result = await prop._method(self.obj, *args, **kwargs)
-            return True, self._encode_result(prop, msg, result)
+            return True, self._encode_result(prop, msg, result), at
         except asyncio.CancelledError:
             raise  # the actor is being stopped: its runner's task was cancelled
         except BaseException as e:  # SystemExit too: it must not escape onto the proc's loop
-            return self._failure(prop, e)
+            return (*self._failure(prop, e), at)
 
     @staticmethod
     def _encode_result(prop: EndpointProperty, msg: Msg, result: Any) -> bytes:
@@ -530,8 +550,16 @@ class ActorInstance:
         )
         self._respond(msg, False, m.encode_error(err), None)
 
-    def _respond(self, msg: Msg, ok: bool, body: bytes, prop: EndpointProperty | None) -> None:
-        """Send a handled message's outcome (loop only)."""
+    def _respond(
+        self,
+        msg: Msg,
+        ok: bool,
+        body: bytes,
+        prop: EndpointProperty | None,
+        at: int | None = None,
+    ) -> None:
+        """Send a handled message's outcome (loop only); ``at``: this actor's rank in the
+        mesh or slice the message was sent to (what a ranked PortReceiver reports)."""
         if prop is not None and prop.explicit_response_port:
             if not ok and msg.reply:  # the caller learns why, instead of waiting
                 if self.failed is not None:
@@ -561,10 +589,14 @@ class ActorInstance:
             )
             ok, body = False, m.encode_error(too_big)
         wait = bool(msg.headers and m.WAIT in msg.headers)
-        self._publish_reply(msg.reply, "reply" if ok else "error", body, wait)
+        self._publish_reply(msg.reply, "reply" if ok else "error", body, wait, at)
 
-    def _publish_reply(self, subject: str, kind: str, body: bytes, wait: bool = False) -> None:
+    def _publish_reply(
+        self, subject: str, kind: str, body: bytes, wait: bool = False, at: int | None = None
+    ) -> None:
         headers = {m.KIND: kind, m.RANK: str(self.rank), m.FROM: self.actor_id}
+        if at is not None and at != self.rank:  # sent to a slice: the rank within it
+            headers[m.MSG_RANK] = str(at)
         if wait:  # the caller blocks on this reply (see monarch.core.busy_poll)
             headers[m.WAIT] = "one"
         replies = actor_process(self.rt).replies

@@ -28,16 +28,23 @@ R = TypeVar("R")
 class Port(Generic[R]):
     """Where to send values. Picklable; pass it to other actors freely."""
 
-    __slots__ = ("subject", "rank")
+    __slots__ = ("subject", "rank", "message_rank")
 
-    def __init__(self, subject: str, rank: int | None = None) -> None:
+    def __init__(
+        self, subject: str, rank: int | None = None, message_rank: int | None = None
+    ) -> None:
         self.subject = subject
         self.rank = rank  # the rank replies carry (set for a call's response port)
+        # the sender's rank in the mesh or slice its message was sent to (a call's
+        # response port): what a ranked PortReceiver reports, as in Monarch
+        self.message_rank = message_rank
 
-    def _sender_rank(self) -> int:
+    def _sender_ranks(self) -> tuple[int, int]:
+        """(rank in the whole mesh, rank in the mesh or slice the message was sent to)."""
         if self.rank is not None:
-            return self.rank
-        return context().actor_instance.rank.rank
+            return self.rank, self.rank if self.message_rank is None else self.message_rank
+        ctx = context()
+        return ctx.actor_instance.rank.rank, ctx.message_rank.rank
 
     def send(self, value: R) -> None:
         """Send ``value`` (encoded here, so a bad value fails at the sender)."""
@@ -52,8 +59,10 @@ class Port(Generic[R]):
             return  # the port of a message nobody waits for (a broadcast): drop
 
         rt = runtime()
-        rank = self._sender_rank()
+        rank, at = self._sender_ranks()
         headers = {m.KIND: kind, m.RANK: str(rank), m.FROM: sender_id()}
+        if at != rank:
+            headers[m.MSG_RANK] = str(at)
         rt.call_soon(_post_reply, rt, self.subject, rank, body, headers)
 
     def __repr__(self) -> str:
@@ -120,7 +129,8 @@ class PortReceiver(Generic[R]):
             return
         headers = msg.headers or {}
         try:
-            rank = int(headers.get(m.RANK, "0"))
+            # a ranked receiver reports the rank within the slice a message went to
+            rank = int(headers.get(m.MSG_RANK) or headers.get(m.RANK, "0"))
         except ValueError:
             rank = 0
         try:
@@ -186,4 +196,4 @@ class Channel(Generic[R]):
         return Port(receiver.subject), receiver
 
 
-register_ext(17, Port, lambda p: [p.subject, p.rank], lambda f: Port(f[0], f[1]))
+register_ext(17, Port, lambda p: [p.subject, p.rank, p.message_rank], lambda f: Port(*f[:3]))

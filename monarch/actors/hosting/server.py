@@ -17,6 +17,7 @@ from nats.aio.msg import Msg
 
 import monarch.actors.calls.actor_mesh  # noqa: F401  (registers the actor mesh reference type)
 from monarch.actors.calls.actor import resolve_class
+from monarch.actors.calls.context import CreatorInstance, proc_mesh_from_fields
 from monarch.actors.calls.instance import ActorInstance
 from monarch.actors.hosting.log_forwarding import apply_mode
 from monarch.actors.meshes.shape import Extent
@@ -28,6 +29,7 @@ from monarch.core.runtime import Runtime
 from monarch.rdma.bulk import decode_body_async
 
 log = logging.getLogger("monarch.proc")
+_ROOT = ["root", None, [], [], 0]  # the root client, as a creator chain of one
 
 
 class ProcServer:
@@ -86,6 +88,8 @@ class ProcServer:
             tuple(spec["args"]),
             spec["kwargs"],
             owner=(owner_proc, owner_actor),
+            proc_mesh=proc_mesh_from_fields(spec["proc_mesh"]) if spec.get("proc_mesh") else None,
+            creator=CreatorInstance.from_chain(spec.get("creator")),
         )
 
     async def spawn_instance(
@@ -98,9 +102,19 @@ class ProcServer:
         args: tuple,
         kwargs: dict,
         owner: tuple[str, str] | None = None,
+        proc_mesh: Any = None,
+        creator: CreatorInstance | None = None,
     ) -> ActorInstance:
-        """Construct one actor here and subscribe it to its 2^d subjects."""
-        inst = ActorInstance(self.rt, name=name, uid=uid, rank=rank, extent=extent, cls=cls)
+        """Construct one actor here and subscribe it to its 2^d subjects.
+
+        ``proc_mesh`` is what ``context().actor_instance.proc_mesh`` gives the
+        actor: the ProcMesh it was spawned on, or a function that makes it;
+        ``creator`` says who spawned it (``None``: the root client).
+        """
+        inst = ActorInstance(
+            self.rt, name=name, uid=uid, rank=rank, extent=extent, cls=cls, proc_mesh=proc_mesh,
+            creator=creator if creator is not None else CreatorInstance.from_chain([_ROOT]),
+        )  # fmt: skip
         inst.owner_proc, inst.owner_actor = owner or (self.rt.proc_uid, "client")
         await inst.construct(args, kwargs)
         inst.on_stopped = self._forget

@@ -30,11 +30,11 @@ from typing import Any
 
 from monarch.actors.errors import ActorError, RemoteException
 from monarch.broker.codec import CodecError, dumps, loads
-from monarch.broker.headers import ENDPOINT, FROM, KIND, RANK, SEQ, WAIT
+from monarch.broker.headers import ENDPOINT, FROM, KIND, MSG_RANK, RANK, SEQ, WAIT
 from monarch.core.runtime import LocalMsg
 from monarch.rdma.bulk import decode_body
 
-__all__ = ["ENDPOINT", "FROM", "KIND", "RANK", "SEQ", "WAIT"]
+__all__ = ["ENDPOINT", "FROM", "KIND", "MSG_RANK", "RANK", "SEQ", "WAIT"]
 __all__ += ["decode_error", "decode_reply", "encode_error"]
 
 

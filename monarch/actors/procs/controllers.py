@@ -20,6 +20,7 @@ from monarch.actors.calls.actor_mesh import ActorMesh, MeshState
 from monarch.actors.meshes.shape import Extent, View
 from monarch.actors.messaging import messages as m
 from monarch.actors.messaging.rpc import request_all
+from monarch.actors.procs.proc_mesh import this_proc
 from monarch.broker import subjects
 from monarch.broker.codec import dumps, loads
 from monarch.core.future import Future
@@ -70,8 +71,9 @@ async def get_or_spawn_here(server: Any, msg: Msg) -> ActorMesh:
     cls = resolve_class(spec["cls"])
     uid = subjects.new_uid()
     extent = Extent([], [])
+    # A controller runs in the root client's process: that is its proc mesh, as in Monarch.
     inst = await server.spawn_instance(
-        name, uid, 0, extent, cls, tuple(spec["args"]), spec["kwargs"]
+        name, uid, 0, extent, cls, tuple(spec["args"]), spec["kwargs"], proc_mesh=this_proc
     )
     state = MeshState(rt, name, uid, cls, cls.__name__, extent)
     state.proc_uids = [rt.proc_uid]

@@ -22,7 +22,13 @@ from typing import Any, TypeVar
 
 from monarch.actors.calls.actor import check_actor_class, class_ref
 from monarch.actors.calls.actor_mesh import ActorMesh, MeshState, spawn_error
-from monarch.actors.calls.context import actor_context, context, sender_id, set_this_proc
+from monarch.actors.calls.context import (
+    actor_context,
+    context,
+    sender_id,
+    set_proc_mesh_decoder,
+    set_this_proc,
+)
 from monarch.actors.calls.endpoint import endpoints_of
 from monarch.actors.errors import MeshStoppedError, ProcStartError, SupervisionError
 from monarch.actors.hosting.server import local_server
@@ -70,11 +76,10 @@ class ProcMeshState:
         self.logs = LogCollector(rt, name)  # prints the procs' output here
 
     async def start(self) -> None:
-        n = self.extent.nelements
         port_id, subject = self.rt.open_port(self._on_ready)
         self._ready_count = 0
         try:
-            uids = [f"{self.name}-{self.uid}-{r}" for r in range(n)]
+            uids = self.proc_uids()
             await self.logs.start(uids)  # before launch, so no early line is lost
             self.procs = await self.launcher.launch(
                 uids, subject, self.extent, on_exit=self._on_exit
@@ -99,6 +104,12 @@ class ProcMeshState:
             self.rt.close_port(port_id)
             self.launched.set()
             self.settled.set()
+
+    def proc_uids(self) -> list[str]:
+        """The uids of this mesh's procs, known before they start (they are chosen here)."""
+        if self.procs:
+            return [p.uid for p in self.procs]
+        return [f"{self.name}-{self.uid}-{r}" for r in range(self.extent.nelements)]
 
     def _on_ready(self, msg: Any) -> None:
         if (msg.headers or {}).get(m.KIND) != "ready" or self.ready.done():
@@ -400,6 +411,11 @@ class ProcMesh(MeshShapeOps):
             "labels": extent.labels,
             "sizes": extent.sizes,
             "owner": [st.rt.proc_uid, sender_id()],
+            # context().actor_instance.proc_mesh in the actors: this mesh, as a reference
+            # made now (spawn returns at once; the procs need not be up yet)
+            "proc_mesh": _spawn_reference(self),
+            # context().actor_instance.creator (and the names in str(instance)): who spawns
+            "creator": context().actor_instance.creator_chain(),
         }
         if not isinstance(spec["cls"], str) and not st.rt.settings.pickle:
             raise PicklingForbiddenError(
@@ -604,6 +620,28 @@ def _encode_proc_mesh(mesh: ProcMesh) -> list:
     ]
 
 
+def _spawn_reference(mesh: ProcMesh) -> list:
+    """The reference fields of a mesh being spawned on, without waiting for its procs.
+
+    A spawn reaches the procs only once they are all up, so the reference it
+    carries describes a started mesh; its proc uids were chosen before launch.
+    """
+    st, view = mesh._state, mesh._view
+    _remember(st)  # an actor in this process gets this very mesh back
+    return [
+        st.name,
+        st.uid,
+        st.extent.labels,
+        st.extent.sizes,
+        view.extent.labels,
+        view.extent.sizes,
+        list(view.ranks),
+        st.proc_uids(),
+        None,
+        False,
+    ]
+
+
 def _decode_proc_mesh(fields: list) -> ProcMesh:
     name, uid, blabels, bsizes, vlabels, vsizes, ranks, proc_uids, error, stopped = fields
     rt = runtime()
@@ -625,3 +663,4 @@ def _decode_proc_mesh(fields: list) -> ProcMesh:
 
 
 register_ext(_PROC_MESH_EXT, ProcMesh, _encode_proc_mesh, _decode_proc_mesh)
+set_proc_mesh_decoder(_decode_proc_mesh)
