@@ -606,6 +606,11 @@ def _encode_proc_mesh(mesh: ProcMesh) -> list:
     if st.ready.done() and not st.ready.cancelled() and st.ready.exception() is not None:
         error = str(st.ready.exception())
     stopped = st.stopping or st.stopped is not None
+    return _fields(st, view, [p.uid for p in st.procs], error, stopped)
+
+
+def _fields(st: Any, view: View, proc_uids: list[str], error: str | None, stopped: bool) -> list:
+    """A proc mesh reference on the wire (what :func:`_decode_proc_mesh` reads)."""
     return [
         st.name,
         st.uid,
@@ -614,7 +619,7 @@ def _encode_proc_mesh(mesh: ProcMesh) -> list:
         view.extent.labels,
         view.extent.sizes,
         list(view.ranks),
-        [p.uid for p in st.procs],
+        proc_uids,
         error,
         stopped,
     ]
@@ -628,18 +633,7 @@ def _spawn_reference(mesh: ProcMesh) -> list:
     """
     st, view = mesh._state, mesh._view
     _remember(st)  # an actor in this process gets this very mesh back
-    return [
-        st.name,
-        st.uid,
-        st.extent.labels,
-        st.extent.sizes,
-        view.extent.labels,
-        view.extent.sizes,
-        list(view.ranks),
-        st.proc_uids(),
-        None,
-        False,
-    ]
+    return _fields(st, view, st.proc_uids(), None, False)
 
 
 def _decode_proc_mesh(fields: list) -> ProcMesh:
