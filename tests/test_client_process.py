@@ -51,9 +51,9 @@ def test_hello_mesh_example_runs_on_embedded_broker_and_cleans_up(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
-    assert lines[0].startswith("ValueMesh({'gpus': 4}")
-    assert lines[0].count("0.30000000000000004") == 4
-    assert lines[1] == "0.1"
+    assert lines[0] == "ValueMesh({gpus: 4}):"  # printed as Monarch prints it
+    assert "".join(lines[1:5]).count("0.30000000000000004") == 4
+    assert lines[5] == "0.1"
     assert list(store.iterdir()) == []  # broker store dir removed
 
 

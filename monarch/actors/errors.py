@@ -31,10 +31,21 @@ class ActorError(Exception):
         super().__init__(exception, traceback)
 
     def __str__(self) -> str:
-        where = f" in {self.actor_id}" if self.actor_id else ""
-        call = f" calling {self.endpoint}" if self.endpoint else ""
-        head = f"A remote actor call failed{where}{call}: {type(self.exception).__name__}: {self.exception}"
-        return f"{head}\n\nRemote traceback:\n{self.traceback}" if self.traceback else head
+        # Monarch's words ("Actor call <actor name>.<endpoint> failed." and its
+        # traceback header): users' log scrapers and tests match on them.
+        name = self.actor_id.split("[", 1)[0].rsplit(".", 1)[0]  # "e.1a2b3c4d[0]" -> "e"
+        if name and self.endpoint:
+            head = f"Actor call {name}.{self.endpoint} failed."
+        else:
+            head = "A remote actor call has failed."
+        if self.traceback:
+            body = self.traceback.replace(
+                "Traceback (most recent call last):",
+                "Traceback of where the remote call failed (most recent call last):",
+            )
+        else:
+            body = f"{type(self.exception).__name__}: {self.exception}"
+        return f"{head}\n {body.rstrip()}"
 
 
 class RemoteException(Exception):
@@ -56,6 +67,13 @@ class SupervisionError(RuntimeError):
         self.actor_id = actor_id
         self.rank = rank
         super().__init__(message)
+
+
+def process_exit_reason(code: int) -> str:
+    """Why a process ended, in Monarch's words first (its ``ProcStatus``: ``Killed(sig=9)``,
+    ``Stopped(exit=7)``), then ours."""
+    status = f"Killed(sig={-code})" if code < 0 else f"Stopped(exit={code})"
+    return f"{status}, its process exited with code {code}"
 
 
 def actor_failed_message(actor: str, reason: str) -> str:

@@ -67,10 +67,12 @@ class Settings(BaseModel):
         "(0: each travels alone).",
     )
     busy_poll_us: int = Field(
-        1000,
+        0,
         ge=0,
         le=100_000,
-        description="Microseconds an event loop keeps polling after traffic (0: sleep at once).",
+        description="Microseconds an event loop keeps polling after a one-to-one call's "
+        "message (0: sleep at once). Pays only where waking a sleeping core is slow "
+        "(benchmarks/NOTES.md 16 and 26); 1000 there.",
     )
     flow_batch: int = Field(1000, ge=1, description="Messages between two flow markers.")
     flow_window: int = Field(16, ge=1, description="Unanswered flow markers before a sender waits.")

@@ -15,6 +15,14 @@ processes that have work. That is why a call to many actors does not poll
 rate, NOTES 16), and why each turn reads the kernel's count of runnable
 threads (``/proc/loadavg``, under 1 us) and stops polling when it exceeds
 three times the cores we may use. 0 turns polling off.
+
+Off by default: whether it pays depends on the machine. On the guest of NOTES
+16 handing work to a sleeping thread cost 64-76 us a round trip and polling
+took ``call_one`` from 646 to 432 us; on the guest of NOTES 26 that round trip
+is 15-30 us and polling *doubled* ``call_one`` (750 -> 1,500 us): the spinning
+loops take CPU and the GIL from the threads that have the work. A probe of the
+wake-up cost at start was tried as an automatic switch and dropped: under load
+it read 26-47 us here, too close to the line to decide on.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
+from monarch.actors.errors import process_exit_reason
 from monarch.actors.meshes.shape import Extent
 from monarch.actors.messaging import messages as m
 from monarch.actors.procs.launcher import proc_env
@@ -282,7 +283,7 @@ class HostAgent:
 
     async def _report_exit(self, child: Child, code: int) -> None:
         """Tell the owner first (it learns the code), then every watcher of the proc."""
-        why = f"its process exited with code {code}"
+        why = process_exit_reason(code)
         headers = {m.KIND: p.EXIT, p.PROC: child.uid, m.FROM: self.uid}
         try:
             await self.nc.publish(

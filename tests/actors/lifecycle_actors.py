@@ -188,3 +188,21 @@ class SyncEndpointsAsyncSupervise(Actor):
 
     async def __supervise__(self, failure: Any) -> bool:
         return True
+
+
+class LocalChildOwner(Actor):
+    """Spawns an :class:`AsyncCleanup` child in its own process (``this_proc()``) or on
+    the proc mesh it was spawned on: stopping the owner stops that child first."""
+
+    @endpoint
+    def spawn_here(self, path: str) -> str:
+        from monarch.actor import this_proc
+
+        self.child = this_proc().spawn("local_child", AsyncCleanup, path)
+        return self.child.ping.call_one().get(timeout=30)
+
+    @endpoint
+    def spawn_on_own_procs(self, path: str) -> list:
+        procs = context().actor_instance.proc_mesh
+        self.child = procs.spawn("sibling_child", AsyncCleanup, path)
+        return list(self.child.ping.call().get(timeout=30).values())

@@ -20,6 +20,7 @@ from tests.actors.lifecycle_actors import (
     AsyncCleanup,
     CancelledThenCleanup,
     Finalized,
+    LocalChildOwner,
     ProcInfo,
     SyncEndpointsAsyncCleanup,
     SyncEndpointsAsyncSupervise,
@@ -45,6 +46,35 @@ def test_async_cleanup_is_awaited_when_the_actor_mesh_stops(procs, tmp_path):
     mesh.stop().get(timeout=60)
     for rank in (0, 1):
         assert (tmp_path / f"mark.{rank}").read_text() == "async cleanup exc=None"
+
+
+@pytest.mark.parametrize("how", ["proc_mesh", "actor_mesh"])
+def test_stop_reaches_a_child_the_actor_spawned_in_its_own_process(nats_url, tmp_path, caplog, how):
+    # The owner's stop stops its children first; this child's stop request goes to the
+    # owner's own process, which must serve it while it serves the owner's stop (it
+    # once waited behind it until the stop timeout, and the proc was killed before
+    # the child's __cleanup__ ran).
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    owner = pm.spawn("owner", LocalChildOwner)
+    assert owner.spawn_here.call_one(str(tmp_path / "here")).get(timeout=30) == "pong"
+    if how == "proc_mesh":
+        pm.stop().get(timeout=60)
+    else:
+        owner.stop().get(timeout=60)
+    assert (tmp_path / "here.0").read_text() == "async cleanup exc=None"
+    assert "incomplete" not in caplog.text
+    pm.stop().get(timeout=60)
+
+
+def test_stop_reaches_children_on_the_owners_own_proc_mesh(nats_url, tmp_path, caplog):
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    owner = pm.spawn("owner", LocalChildOwner).slice(gpus=0)
+    got = owner.spawn_on_own_procs.call_one(str(tmp_path / "sib")).get(timeout=30)
+    assert got == ["pong", "pong"]
+    pm.stop().get(timeout=60)
+    for rank in (0, 1):
+        assert (tmp_path / f"sib.{rank}").read_text() == "async cleanup exc=None"
+    assert "incomplete" not in caplog.text
 
 
 def test_concurrent_endpoint_is_cancelled_before_async_cleanup(nats_url, tmp_path):

@@ -71,7 +71,8 @@ def test_zero_window_never_polls_and_a_crowded_machine_stops_it(loop):
 
 
 def test_setting_is_validated():
-    assert Settings().busy_poll_us == 1000
+    assert Settings().busy_poll_us == 0  # off unless asked for (NOTES 26)
+    assert Settings(busy_poll_us=1000).busy_poll_us == 1000
     with pytest.raises(ValueError):
         Settings(busy_poll_us=-1)
 

@@ -125,7 +125,7 @@ def test_sync_endpoint_blocking_on_another_actor_does_not_deadlock(procs, echo):
 def test_point_and_extent_print_like_monarch():
     e = Extent(["hosts", "gpus"], [2, 4])
     assert repr(Point(1, e)) == "{'hosts': 0/2, 'gpus': 1/4}"
-    assert repr(e) == "{'hosts': 2, 'gpus': 4}"
+    assert repr(e) == "{hosts: 2, gpus: 4}"  # as Monarch prints an Extent
     assert e.nelements == 8
     assert dict(Point(6, e)) == {"hosts": 1, "gpus": 2}
 

@@ -60,6 +60,7 @@ def test_value_mesh_shape_operations():
     assert list(vm.slice(gpus=3).values()) == [3, 7]
     assert vm.slice(hosts=0).item(gpus=1) == 1
     assert vm.size() == 8 and vm.size("gpus") == 4 and vm.sizes == {"hosts": 2, "gpus": 4}
+    assert vm._labels == ["hosts", "gpus"] and vm.slice(hosts=0)._labels == ["gpus"]  # as Monarch
     assert list(vm.flatten("x").values()) == list(range(8))
     with pytest.raises(KeyError):
         vm.item(gpus=1)
@@ -72,6 +73,7 @@ def test_actor_mesh_shape_operations_route_to_the_right_actors(grid):
     mesh = grid.spawn("shape", Echo)
     assert mesh.extent == Extent(["hosts", "gpus"], [2, 2])
     assert grid.size() == 4 and grid.sizes == {"hosts": 2, "gpus": 2}
+    assert grid._labels == mesh._labels == ["hosts", "gpus"]  # Monarch's MeshTrait._labels
     flat = mesh.flatten("x")
     assert [v["rank"] for v in flat.whoami.call().get(timeout=30).values()] == [0, 1, 2, 3]
     part = flat.slice(x=slice(1, 4))

@@ -79,11 +79,15 @@ def test_process_exit_in_flight_names_the_actor_and_the_exit_code(procs, root_fa
     with pytest.raises(SupervisionError, match=rf"{FAILED}(?s:.*)exited with code 7") as info:
         target.exit_process.call_one().get(timeout=30)
     assert "SyncFatal exiting" in str(info.value)
+    # Monarch's words: the call, then the process status as its ProcStatus prints it
+    assert str(info.value).startswith("Endpoint call exiting.exit_process() failed, The actor")
+    assert "the process this actor was running on failed: Stopped(exit=7)" in str(info.value)
     (failure,) = root_faults.wait(1)
     assert failure.reason == "proc_died" and failure.ranks == [1]
-    for later in (target.check.call_one(), mesh.check.call()):
-        with pytest.raises(SupervisionError, match=rf"{FAILED}(?s:.*)exited with code 7"):
+    for later, endpoint in ((target.check.call_one(), "check"), (mesh.check.call(), "check")):
+        with pytest.raises(SupervisionError, match=rf"{FAILED}(?s:.*)exited with code 7") as info:
             later.get(timeout=30)
+        assert str(info.value).startswith(f"Endpoint call exiting.{endpoint}() failed, ")
     assert mesh.slice(gpus=0).check.call_one().get(timeout=30) == "healthy"
 
 
@@ -131,6 +135,13 @@ def test_actor_error_reraised_by_a_nested_call_reaches_the_caller_whole(procs, r
     assert isinstance(inner.exception, ValueError) and str(inner.exception) == "inner failure"
     assert "raise ValueError(message)" in inner.traceback
     assert "inner failure" in str(outer)
+    # Monarch's words: "Actor call <actor name>.<endpoint> failed." and its traceback header
+    assert str(inner).startswith(
+        "Actor call leaf.boom failed.\n Traceback of where the remote call failed "
+        "(most recent call last):\n"
+    )
+    assert str(inner).endswith("ValueError: inner failure")
+    assert str(outer).startswith("Actor call relay.relay failed.\n")
     assert relay.check.call_one().get(timeout=30) == "healthy"  # nobody failed
     assert root_faults.failures == []
 

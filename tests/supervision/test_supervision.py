@@ -65,8 +65,9 @@ def test_process_death_fails_in_flight_calls_and_reaches_the_owner(procs, root_f
         os.kill(pid, signal.SIGKILL)
     else:
         in_flight = target.die.call_one(how)  # the call in flight is the one that kills it
-    # "gone" when the call was running; "no actor" if the kill beat its delivery
-    with pytest.raises(SupervisionError, match="gone|no actor"):
+    # the process's end (Monarch's "Killed(sig=9)" / "Stopped(exit=7)") when the call was
+    # running, or "gone" from a heartbeat; "no actor" if the kill beat its delivery
+    with pytest.raises(SupervisionError, match=r"Killed\(sig=|Stopped\(exit=|gone|no actor"):
         in_flight.get(timeout=30)
     (failure,) = root_faults.wait(1)
     assert failure.reason == "proc_died" and failure.ranks == [1]
@@ -205,6 +206,7 @@ def test_call_through_a_reference_fails_when_the_proc_dies(procs):
     pid = worker.pid.call_one().get(timeout=30)
     in_flight = worker.block.call_one()
     os.kill(pid, signal.SIGKILL)
-    # "gone" when the call was running; "no actor" if the kill beat its delivery
-    with pytest.raises(SupervisionError, match="gone|no actor"):
+    # the process's end (Monarch's "Killed(sig=9)" / "Stopped(exit=7)") when the call was
+    # running, or "gone" from a heartbeat; "no actor" if the kill beat its delivery
+    with pytest.raises(SupervisionError, match=r"Killed\(sig=|Stopped\(exit=|gone|no actor"):
         in_flight.get(timeout=30)

@@ -224,7 +224,7 @@ class MeshState:
             for rank, uid in enumerate(self.proc_uids)
             if rank not in self.dead
         ]
-        await request_all(self.rt, requests, self.rt.settings.stop_timeout + 5)
+        await request_all(self.rt, requests, self.rt.settings.stop_timeout + 5, absent_ok=True)
 
 
 class NotAnEndpoint:

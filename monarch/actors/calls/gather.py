@@ -9,6 +9,7 @@ the error the replies or supervision give).
 from __future__ import annotations
 
 import collections
+import copy
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -95,8 +96,23 @@ class Gather:
 
     def fail(self, exc: BaseException) -> None:
         self._close()
+        exc = self._for_this_call(exc)
         for f in self.futures:
             f.set_exception(exc)
+
+    def _for_this_call(self, exc: BaseException) -> BaseException:
+        """A failed actor's error as this call raises it: Monarch's "Endpoint call
+        <mesh>.<endpoint>() failed, " first. A copy: the mesh keeps the error for
+        every later call."""
+        if not isinstance(exc, SupervisionError) or str(exc).startswith("Endpoint call "):
+            return exc
+        try:
+            mine = copy.copy(exc)
+        except Exception:
+            return exc
+        mine.args = (f"Endpoint call {self.state.name}.{self.endpoint}() failed, {exc}",)
+        mine.__cause__ = exc.__cause__
+        return mine
 
     def on_msg(self, msg: Msg) -> None:
         headers = msg.headers or {}

@@ -47,23 +47,36 @@ class ProcServer:
         self._task = rt.loop.create_task(self._serve())
         self.controllers: dict[str, Any] = {}
         self._handlers: dict[str, Callable[[Msg], Awaitable[Any]]] = {}  # kinds handed in
+        self._nested: set[asyncio.Task] = set()  # stop / stop_mesh handlers running (see _serve)
         rt.set_ctl_handler(self._ctl.put_nowait)
 
     async def _serve(self) -> None:
+        # Served until the process exits (or close()): after a stop, a late stop or
+        # stop_mesh is answered at once (nothing is left to stop) and a spawn refused.
         while True:
             msg: Msg = await self._ctl.get()
             kind = (msg.headers or {}).get(m.KIND, "")
-            try:
-                handler = self._handlers.get(kind) or getattr(self, f"_on_{kind}", None)
-                if handler is None:
-                    raise ValueError(f"unknown control message kind {kind!r}")
-                result = await handler(msg)
-                self._reply(msg, True, dumps(result))
-            except Exception as e:
-                log.debug("control %s failed: %r", kind, e)
-                self._reply(msg, False, m.encode_error(e))
-            if self.stopped.is_set():
-                return
+            if kind in _NESTING_KINDS:
+                # Stopping an actor stops the meshes it owns first, and one of those may
+                # live in this very process: its stop_mesh comes back to this queue. Served
+                # in line, it would wait behind the stop that waits for it (until the stop
+                # timeout). Earlier control messages (a spawn) are already done here.
+                task = self.rt.loop.create_task(self._handle(msg, kind))
+                self._nested.add(task)
+                task.add_done_callback(self._nested.discard)
+                continue
+            await self._handle(msg, kind)
+
+    async def _handle(self, msg: Msg, kind: str) -> None:
+        try:
+            handler = self._handlers.get(kind) or getattr(self, f"_on_{kind}", None)
+            if handler is None:
+                raise ValueError(f"unknown control message kind {kind!r}")
+            result = await handler(msg)
+            self._reply(msg, True, dumps(result))
+        except Exception as e:
+            log.debug("control %s failed: %r", kind, e)
+            self._reply(msg, False, m.encode_error(e))
 
     def _reply(self, msg: Msg, ok: bool, body: bytes) -> None:
         if msg.reply:
@@ -75,6 +88,8 @@ class ProcServer:
         return self.rt.proc_uid
 
     async def _on_spawn(self, msg: Msg) -> None:
+        if self.stopped.is_set():
+            raise RuntimeError(f"proc {self.rt.proc_uid} is stopping: it spawns no more actors")
         spec = await decode_body_async(msg.data)  # big __init__ arguments travel out of band
         rank = int((msg.headers or {})[m.RANK])
         extent = Extent(spec["labels"], spec["sizes"])
@@ -182,6 +197,9 @@ class ProcServer:
         """Serve control messages of ``kind`` with ``handler`` too (the root's ``controller``)."""
         self._handlers[kind] = handler
 
+
+# Control kinds served beside the queue, not in its order (see ProcServer._serve).
+_NESTING_KINDS = frozenset({"stop", "stop_mesh"})
 
 _local_server: ProcServer | None = None
 

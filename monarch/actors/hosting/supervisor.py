@@ -162,7 +162,7 @@ class Supervisor:
             for rank, uid in enumerate(st.proc_uids or ()):
                 if uid == proc_uid and rank not in st.dead:
                     actor = describe_actor(st.cls, st.class_name, st.name, Point(rank, st.base))
-                    why = f"the process this actor was running on ({proc_uid}) is gone: {reason}"
+                    why = f"the process this actor was running on failed: {reason} (proc {proc_uid})"
                     err = SupervisionError(
                         actor_failed_message(actor, why), actor_id=st.actor_id(rank), rank=rank
                     )

@@ -27,6 +27,11 @@ class MeshShapeOps:
     def sizes(self) -> dict[str, int]:
         return dict(self._view.extent)
 
+    @property
+    def _labels(self) -> list[str]:
+        """The dimension names (Monarch's ``MeshTrait._labels``, which its own docs use)."""
+        return list(self._view.extent.labels)
+
     def size(self, dim: str | list[str] | None = None) -> int:
         """Number of members, in total or along the given dimension(s)."""
         if dim is None:

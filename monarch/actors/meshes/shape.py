@@ -68,7 +68,8 @@ class Extent(Mapping[str, int]):
         return hash((self._labels, self._sizes))
 
     def __repr__(self) -> str:
-        return "{" + ", ".join(f"'{k}': {v}" for k, v in zip(self._labels, self._sizes)) + "}"
+        # Monarch's form, labels unquoted: {hosts: 2, gpus: 4}
+        return "{" + ", ".join(f"{k}: {v}" for k, v in zip(self._labels, self._sizes)) + "}"
 
     def point(self, rank: int) -> Point:
         return Point(rank, self)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pprint
+import textwrap
 from collections.abc import Iterator, Sequence
 from typing import Generic, TypeVar
 
@@ -60,6 +62,6 @@ class ValueMesh(MeshShapeOps, Generic[T]):
         )
 
     def __repr__(self) -> str:
-        extent = self._view.extent
-        body = ", ".join(f"{Point(r, extent)!r}: {v!r}" for r, v in enumerate(self._values))
-        return f"ValueMesh({extent!r}, {{{body}}})"
+        # As Monarch prints it: the extent, then the (point, value) pairs, pretty-printed.
+        body = textwrap.indent(pprint.pformat(tuple(self.items())), "  ")
+        return f"ValueMesh({self._view.extent!r}):\n{body}"

@@ -30,7 +30,12 @@ from monarch.actors.calls.context import (
     set_this_proc,
 )
 from monarch.actors.calls.endpoint import endpoints_of
-from monarch.actors.errors import MeshStoppedError, ProcStartError, SupervisionError
+from monarch.actors.errors import (
+    MeshStoppedError,
+    ProcStartError,
+    SupervisionError,
+    process_exit_reason,
+)
 from monarch.actors.hosting.server import local_server
 from monarch.actors.hosting.supervisor import supervisor_of
 from monarch.actors.meshes.mesh_ops import MeshShapeOps
@@ -130,8 +135,8 @@ class ProcMeshState:
             return
         sup = supervisor_of(self.rt)
         if sup is not None:
-            sup.announce_exit(handle.uid, f"its process exited with code {code}")
-        self._proc_lost(handle, "proc_died", f"its process exited with code {code}")
+            sup.announce_exit(handle.uid, process_exit_reason(code))
+        self._proc_lost(handle, "proc_died", process_exit_reason(code))
 
     def _proc_lost(self, handle: ProcHandle, reason: str, why: str) -> None:
         """Fail every actor on ``handle``'s proc: in-flight calls raise, owners hear of it."""
@@ -246,7 +251,9 @@ class ProcMeshState:
                 for p in live_to_ask
             ]
             try:
-                await request_all(self.rt, requests, self.rt.settings.stop_timeout)
+                await request_all(
+                    self.rt, requests, self.rt.settings.stop_timeout, absent_ok=True
+                )
             except Exception as e:
                 log.warning("graceful stop of %r incomplete: %s", self.name, e)
         await self.launcher.wait_or_kill(live, timeout=5.0 if live_to_ask else 0.0)
