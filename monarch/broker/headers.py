@@ -21,6 +21,7 @@ COUNT = "Mon-Count"
 ADHOC = "Mon-Adhoc"
 AUTH = "Mon-Auth"
 LOOP_STALL = "Mon-Loop-Stall"
+QUIET = "Mon-Quiet"
 MESH = "Mon-Mesh"
 OWNER = "Mon-Owner"
 REASON = "Mon-Reason"
@@ -47,6 +48,8 @@ TABLE: dict[str, str] = {
     ADHOC: "the caller used as_endpoint() on a plain method",
     AUTH: "HMAC-SHA256 of the message under the job key (monarch.broker.auth)",
     LOOP_STALL: "on heartbeats: seconds the sender's event loop has not turned",
+    QUIET: "on heartbeats: the sender is importing a library whose start-up holds the GIL "
+    "(torch): watchers allow this many seconds of silence before declaring it dead",
     MESH: "on supervision events: the failed mesh's name",
     OWNER: "on supervision events: the owner actor told of the failure",
     REASON: "on supervision events: why (proc_died, heartbeat_lost, actor_failed, ...)",

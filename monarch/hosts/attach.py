@@ -1,13 +1,15 @@
 """Host meshes from registered host agents: Monarch's ``attach_to_workers`` and friends.
 
-In Monarch a worker is a ``tcp://host:port`` a client dials. Here nobody dials
-anybody: agents (``monarch host``, or :func:`run_worker_loop_forever`)
-register in the broker, and a client picks from the registered agents that
-are beating. So ``attach_to_workers`` takes names rather than addresses (a
-Monarch-style ``tcp://node3:4444`` still works: it matches by host name or IP),
-and it can also take a count or "all of them". Unlike Monarch's, it returns
-once the hosts are found (bounded by ``timeout``), so ``initialized`` is
-already done.
+In Monarch a worker is a ``tcp://host:port`` a client dials. Here agents
+(``monarch host``, or :func:`run_worker_loop_forever` given a broker) register
+in the broker, and a client picks from the registered agents that are beating:
+``attach_to_workers`` takes their names, a count or "all of them". A worker
+started Monarch's way, ``run_worker_loop_forever(address="tcp://host:port")``
+(or ``ipc://path``) with no broker, listens there instead, and a client given
+that address dials it and hands it its broker (:mod:`monarch.hosts.dial_in`);
+an address nobody listens on also matches registered agents by host name or
+IP. Unlike Monarch's, ``attach_to_workers`` returns once the hosts are found
+(bounded by ``timeout``), so ``initialized`` is already done.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from monarch.actors.procs.host_mesh import HostMesh
 from monarch.broker.config import settings
 from monarch.broker.registry import HeartbeatSeen, HostInfo, list_hosts
 from monarch.core.runtime import new_event_loop, runtime
+from monarch.hosts import dial_in
 from monarch.hosts.agent import run_agent
 from monarch.hosts.launcher import AgentLauncher
 
@@ -73,16 +76,22 @@ async def find_hosts(
     count: int | None = None,
     labels: dict[str, str] | None = None,
     timeout: float = 60.0,
+    lifelines: list[Any] | None = None,
 ) -> list[HostInfo]:
     """Registered, beating agents: the named ``workers``, ``count`` of them, or all.
 
     Waits (up to ``timeout`` seconds) until enough are there; raises
     TimeoutError saying what was missing. Hosts come in ``workers`` order, else
-    by name then uid.
+    by name then uid. Given ``lifelines``, a worker that is an address is also
+    dialled (see :mod:`monarch.hosts.dial_in`); the connection of each that
+    answers is appended there, for the caller to keep open while it uses it.
     """
     deadline = time.monotonic() + timeout
+    workers = list(workers) if workers is not None else None
     async with HeartbeatSeen(nc, namespace) as seen:
         while True:
+            if workers is not None and lifelines is not None:
+                await _dial_workers(workers, lifelines, deadline)
             hosts = [h for h in await list_hosts(nc, namespace) if h.has_labels(labels)]
             chosen, missing = _pick(hosts, seen, workers, count)
             if chosen is not None:
@@ -95,6 +104,17 @@ async def find_hosts(
                     "Start agents with `monarch host` (same MONARCH_NATS_URL and MONARCH_NAMESPACE)."
                 )
             await asyncio.sleep(_POLL)
+
+
+async def _dial_workers(workers: list[str], lifelines: list[Any], deadline: float) -> None:
+    """Replace each address in ``workers`` whose worker answers by its agent's uid."""
+    todo = [i for i, w in enumerate(workers) if dial_in.is_dialable(w)]
+    left = max(1.0, deadline - time.monotonic())
+    answers = await asyncio.gather(*(dial_in.dial(workers[i], left) for i in todo))
+    for i, answer in zip(todo, answers):
+        if answer is not None:
+            workers[i], line = answer
+            lifelines.append(line)
 
 
 def attach_to_workers(
@@ -131,10 +151,16 @@ def attach_to_workers(
         raise RuntimeError(
             "attach_to_workers() blocks: call it from the client script, not an actor"
         )
+    lifelines: list[Any] = []
     coro = find_hosts(
-        rt.nc, rt.namespace, workers=names, count=hosts, labels=labels, timeout=timeout
-    )
-    found = rt.run_coro(coro).result(timeout + 30)
+        rt.nc, rt.namespace, workers=names, count=hosts, labels=labels, timeout=timeout,
+        lifelines=lifelines,
+    )  # fmt: skip
+    try:
+        found = rt.run_coro(coro).result(timeout + 30)
+    finally:
+        for line in lifelines:  # dialled workers serve us until the runtime closes
+            rt.on_close(line.close)
     return HostMesh(View.full(Extent(["hosts"], [len(found)])), found, agent_launcher=AgentLauncher)
 
 
@@ -161,19 +187,27 @@ def run_worker_loop_forever(
 ) -> None:
     """Make this machine a host (what ``monarch host`` runs); returns on SIGINT/SIGTERM.
 
-    ``address`` is the broker to register with (``nats://...``; default
-    ``MONARCH_NATS_URL``): agents listen on no port of their own.
+    ``address`` a broker (``nats://...``): register there (default:
+    ``MONARCH_NATS_URL``). ``address`` a Monarch worker address
+    (``tcp://host:port``, ``ipc://path``, ``dial@bind``) and no
+    ``MONARCH_NATS_URL``: listen there for a client's ``attach_to_workers``,
+    which hands over its broker; serve one client at a time, forever.
     """
     if private_key is not None or ca != "trust_all_connections":
         raise NotImplementedError("TLS is the broker's here: set MONARCH_NATS_TLS_* instead")
-    url = address if address and "://" in address and not address.startswith("tcp://") else None
+    url = address if address and "://" in address and not dial_in.is_dialable(address) else None
     url = url or settings().nats_url
-    if not url:
-        raise ValueError(
-            "no broker to register with: pass address='nats://host:4222' or set MONARCH_NATS_URL"
-        )
     loop = new_event_loop()
     try:
-        loop.run_until_complete(run_agent(url, name=name, labels=labels, capacity=capacity))
+        if url:
+            loop.run_until_complete(run_agent(url, name=name, labels=labels, capacity=capacity))
+        elif address and dial_in.is_dialable(address):
+            worker = dial_in.DialInWorker(address, name=name, labels=labels, capacity=capacity)
+            loop.run_until_complete(worker.serve_forever())
+        else:
+            raise ValueError(
+                "no broker to register with and no address to listen on: pass "
+                "address='nats://host:4222' or 'tcp://host:port', or set MONARCH_NATS_URL"
+            )
     finally:
         loop.close()

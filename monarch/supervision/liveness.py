@@ -18,7 +18,10 @@ reports a *stalled loop* (a warning naming the process, and its
 ``stall_listeners``), not a dead process. Only silence (the process is gone,
 frozen by SIGSTOP, or cut off from the broker) or a ``dead`` heartbeat makes a
 process dead. The one thing the thread still shares with the loop is the GIL:
-a C call that holds it for longer than the timeout would silence it too.
+a C call that holds it for longer than the timeout would silence it too. The
+known such calls, importing torch, are announced beforehand and buy the
+process a longer allowance of silence (``Mon-Quiet``, see
+:mod:`monarch.supervision.heavy_imports`).
 """
 
 from __future__ import annotations
@@ -34,11 +37,13 @@ from nats.aio.client import Client
 
 from monarch.broker import headers as hdr
 from monarch.broker import subjects
+from monarch.supervision import heavy_imports
 
 log = logging.getLogger(__name__)
 
 KIND = hdr.KIND
 STALL = hdr.LOOP_STALL  # seconds the sender's event loop has not turned (0.000: it turns)
+QUIET = hdr.QUIET  # seconds of silence to allow: the sender is importing torch
 
 
 class LoopClock:
@@ -100,6 +105,8 @@ class Heartbeater:
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
+        self._wake: asyncio.Event | None = None  # set (on the thread's loop): beat now
+        self._waiting: list[threading.Event] = []  # set once a beat has reached the broker
 
     def start(self) -> None:
         self.clock = LoopClock(asyncio.get_running_loop(), min(0.25, self.interval))
@@ -108,6 +115,27 @@ class Heartbeater:
             target=self._run, name=f"monarch-heartbeat-{self.uid}", daemon=True
         )
         self._thread.start()
+        heavy_imports.add_listener(self.beat_now)
+
+    def beat_now(self) -> None:
+        """Beat at once, and wait (at most ``heavy_imports.NOTICE_WAIT``) until it is sent.
+
+        Called on a thread about to start a heavy import, so that watchers hear
+        of it before the import's long C calls keep this thread from beating.
+        """
+        if threading.current_thread() is self._thread:
+            return
+        sent = threading.Event()
+        with self._lock:
+            loop, wake = self._loop, self._wake
+            if loop is None or wake is None or self._stopping:
+                return
+            self._waiting.append(sent)
+        try:
+            loop.call_soon_threadsafe(wake.set)
+        except RuntimeError:  # its loop has ended
+            return
+        sent.wait(heavy_imports.NOTICE_WAIT)
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
@@ -126,8 +154,13 @@ class Heartbeater:
     async def _beat(self) -> None:
         nc: Client | None = None
         n = failures = 0
+        wake = asyncio.Event()
+        with self._lock:
+            self._wake = wake
         try:
             while True:
+                with self._lock:
+                    waiting, self._waiting = self._waiting, []
                 if nc is None:
                     try:
                         nc = await self._connect()
@@ -142,11 +175,21 @@ class Heartbeater:
                     headers = {KIND: "alive", hdr.SEQ: str(n)}
                     if self.clock is not None:
                         headers[STALL] = f"{self.clock.stalled_for():.3f}"
+                    if heavy_imports.in_progress():
+                        headers[QUIET] = f"{heavy_imports.ALLOWANCE:g}"
                     try:
                         await nc.publish(self.subject, str(time.time()).encode(), headers=headers)
+                        if waiting:  # someone waits until watchers can have heard it
+                            await nc.flush(timeout=heavy_imports.NOTICE_WAIT)
                     except Exception as e:
                         log.debug("heartbeat not sent: %r", e)
-                await asyncio.sleep(self.interval)
+                for sent in waiting:
+                    sent.set()
+                try:
+                    await asyncio.wait_for(wake.wait(), self.interval)
+                except asyncio.TimeoutError:
+                    pass
+                wake.clear()
         finally:
             if nc is not None:
                 try:
@@ -156,6 +199,7 @@ class Heartbeater:
 
     async def stop(self) -> None:
         """Stop beating and wait (bounded) for the thread to end."""
+        heavy_imports.remove_listener(self.beat_now)
         if self.clock is not None:
             self.clock.stop()
         with self._lock:
@@ -178,9 +222,10 @@ async def announce_dead(nc: Client, namespace: str, uid: str, reason: str) -> No
     await nc.publish(subjects.heartbeat(namespace, uid), reason.encode(), headers={KIND: "dead"})
 
 
-def _stall_of(headers: dict) -> float:
+def _seconds(headers: dict, name: str) -> float:
+    """A heartbeat header's number of seconds (0 when absent or malformed)."""
     try:
-        return float(headers.get(STALL) or 0.0)
+        return float(headers.get(name) or 0.0)
     except ValueError:
         return 0.0
 
@@ -193,7 +238,9 @@ class Watcher:
     heartbeats say its event loop has not turned for longer than ``timeout``
     is *stalled*, not dead: it is logged as a warning, kept in :attr:`stalls`
     (uid -> seconds, while it lasts) and each of :attr:`stall_listeners` is
-    called once per stall with ``(uid, seconds)``, on this watcher's loop.
+    called once per stall with ``(uid, seconds)``, on this watcher's loop
+    (logged at INFO instead when its heartbeats say it is importing torch). A
+    uid whose last heartbeat carried ``Mon-Quiet`` may be silent that long.
     """
 
     def __init__(
@@ -217,6 +264,9 @@ class Watcher:
         self._paused = False
         self.stalls: dict[str, float] = {}
         self.stall_listeners: list[Callable[[str, float], None]] = []
+        # uid -> seconds of silence its last heartbeat asked for (a heavy import under way)
+        self._quiet: dict[str, float] = {}
+        self._explained: set[str] = set()  # stalled uids whose heartbeats said why
 
     async def watch(self, uid: str, on_dead: Callable[[str, str], None]) -> None:
         if uid in self._dead:
@@ -241,22 +291,33 @@ class Watcher:
             self._declare(uid, msg.data.decode(errors="replace") or "its process exited")
             return
         self._last[uid] = time.monotonic()
-        stall = _stall_of(headers)
+        quiet = _seconds(headers, QUIET)
+        if quiet > 0:
+            self._quiet[uid] = quiet
+        else:
+            self._quiet.pop(uid, None)
+        stall = _seconds(headers, STALL)
         if stall > self.timeout:
-            self._stalled(uid, stall)
+            self._stalled(uid, stall, importing=quiet > 0)
         elif uid in self.stalls:
-            log.warning(
+            log.log(
+                logging.INFO if uid in self._explained else logging.WARNING,
                 "process %s: its event loop turns again (stalled for %.1f s or more)",
                 uid,
                 self.stalls.pop(uid),
             )
+            self._explained.discard(uid)
 
-    def _stalled(self, uid: str, seconds: float) -> None:
+    def _stalled(self, uid: str, seconds: float, importing: bool = False) -> None:
         first = uid not in self.stalls
         self.stalls[uid] = seconds
         if not first:
             return
-        log.warning(
+        if importing:
+            # Its own heartbeat says why (importing torch): expected, so no warning.
+            self._explained.add(uid)
+        log.log(
+            logging.INFO if importing else logging.WARNING,
             "process %s: its event loop has not turned for %.1f s (more than "
             "MONARCH_HEARTBEAT_TIMEOUT=%g s), but its heartbeats still arrive: it is alive "
             "and busy, not dead. Messages to it wait until the loop turns again. Something "
@@ -289,8 +350,9 @@ class Watcher:
             if self._paused:
                 continue
             for uid, last in list(self._last.items()):
-                if now - last > self.timeout:
-                    self._declare(uid, f"no heartbeat for {self.timeout:.1f} s")
+                allowed = max(self.timeout, self._quiet.get(uid, 0.0))
+                if now - last > allowed:
+                    self._declare(uid, f"no heartbeat for {allowed:.1f} s")
 
     def _declare(self, uid: str, reason: str) -> None:
         if uid in self._dead:
@@ -298,6 +360,8 @@ class Watcher:
         self._dead.add(uid)
         self._last.pop(uid, None)
         self.stalls.pop(uid, None)
+        self._quiet.pop(uid, None)
+        self._explained.discard(uid)
         for cb in self._callbacks.pop(uid, []):
             try:
                 cb(uid, reason)

@@ -53,7 +53,7 @@ def run_client(tmp_path: Path, body: str, timeout: float = 90.0, **env: str):
     """Run ``body`` as a client script; its return code, stdout and stderr."""
     script = tmp_path / "client.py"
     script.write_text(textwrap.dedent(body))
-    full_env = dict(os.environ, PYTHONPATH=str(ROOT), MONARCH_HEARTBEAT_INTERVAL="0.2", **env)
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "MONARCH_HEARTBEAT_INTERVAL": "0.2", **env}
     p = subprocess.Popen(
         [sys.executable, str(script)],
         env=full_env,
@@ -105,6 +105,64 @@ def test_tensor_argument_to_init_of_a_4_proc_mesh_under_load_kills_no_proc(tmp_p
     assert rc == 0, f"the job died:\n{out}\n{err}"
     assert out.strip() == "[1.0, 1.0, 1.0, 1.0]"
     assert "Unhandled monarch failure" not in err
+
+
+# Stands in for torch: importing it holds the GIL for HOLD seconds in one C call (a
+# regular expression that backtracks), the way loading torch's C++ libraries does.
+_GIL_HOLDING_TORCH = """
+import math, os, re, time
+
+HOLD = float(os.environ["FAKE_TORCH_HOLD"])
+
+
+def _match(n):
+    start = time.perf_counter()
+    re.match(r"(a+)+$", "a" * n + "b")  # 2**n steps, all inside the C matcher
+    return time.perf_counter() - start
+
+
+n = 14
+while _match(n) < 0.02:
+    n += 1
+n += max(0, math.ceil(math.log2(HOLD / _match(n))))
+start = time.perf_counter()
+_match(n)
+HELD = time.perf_counter() - start
+"""
+
+
+def test_importing_torch_that_holds_the_gil_past_the_timeout_kills_no_proc(tmp_path, nats_url):
+    """grpo_yield's case: procs import torch on their loop while the machine is busy;
+    torch's C++ start-up holds the GIL, so no heartbeat can leave for longer than the
+    timeout. Announced beforehand, that silence is allowed: the job lives on."""
+    fake = tmp_path / "fake" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(_GIL_HOLDING_TORCH)
+    body = """
+        from monarch.actor import Actor, endpoint, this_host
+
+        class Importer(Actor):
+            @endpoint
+            async def load(self) -> bool:
+                import torch  # on the proc's event loop, as unpickling a tensor does
+
+                return torch.HELD > 2.0  # longer than MONARCH_HEARTBEAT_TIMEOUT
+
+        procs = this_host().spawn_procs(per_host={"gpus": 2})
+        importers = procs.spawn("importer", Importer)
+        print(sorted(importers.load.call().get(timeout=120).values()), flush=True)
+        procs.stop().get(timeout=60)
+    """
+    rc, out, err = run_client(
+        tmp_path,
+        body,
+        PYTHONPATH=os.pathsep.join([str(fake.parent), str(ROOT)]),
+        MONARCH_HEARTBEAT_TIMEOUT="1",
+        FAKE_TORCH_HOLD="3",
+    )
+    assert rc == 0, f"the job died:\n{out}\n{err}"
+    assert out.strip() == "[True, True]"
+    assert "heartbeat" not in err
 
 
 def test_blocked_event_loop_is_reported_as_stalled_not_dead(tmp_path, nats_url):
