@@ -16,20 +16,95 @@ the next client. One client at a time; another one is told so.
 Nothing but the hello travels on that connection; every message goes through
 the broker. The client's embedded broker listens on loopback only, so a worker
 on another machine needs a broker both can reach (``MONARCH_NATS_URL``).
+
+Who may attach. Whoever attaches runs code as the worker's user (its actors),
+so a worker does not take every hello the way Monarch's
+``trust_all_connections`` does (a departure, said in the README):
+
+* an ``ipc://`` socket is created for the worker's user only (mode 0600) and
+  the peer's uid is checked (``SO_PEERCRED``);
+* a TCP client on this machine (a loopback peer) must be the worker's own user:
+  its socket's owner is read from ``/proc/net/tcp``, as identd does;
+* any other client must prove it holds the worker's key: with
+  ``MONARCH_WORKER_KEY`` set on both sides, the worker opens with a random
+  challenge and the hello carries HMAC-SHA256(key, challenge); the key never
+  travels. Without a key on the worker, remote clients are refused, naming
+  the variable to set.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
+import ipaddress
 import json
 import os
+import secrets
 import signal
+import socket
+import struct
 from typing import Any
 
 from monarch.broker.config import settings
 
 HELLO_TIMEOUT = 10.0  # seconds a dialling client has to say hello
+KEY_ENV = "MONARCH_WORKER_KEY"  # shared secret that lets clients on other machines attach
+
+
+def _proof(key: str, challenge: str) -> str:
+    return hmac.new(key.encode(), challenge.encode(), hashlib.sha256).hexdigest()
+
+
+def _proc_net_hex(host: str, port: int) -> tuple[str, str]:
+    """``host:port`` as /proc/net/tcp (IPv4) and /proc/net/tcp6 print it."""
+    addr = ipaddress.ip_address(host)
+    packed = addr.packed if addr.version == 6 else ipaddress.IPv6Address(f"::ffff:{addr}").packed
+    v6 = "".join(f"{int.from_bytes(packed[i:i + 4], 'little'):08X}" for i in range(0, 16, 4))
+    v4 = f"{int.from_bytes(addr.packed, 'little'):08X}" if addr.version == 4 else ""
+    return (f"{v4}:{port:04X}" if v4 else ""), f"{v6}:{port:04X}"
+
+
+def local_peer_uid(writer: asyncio.StreamWriter) -> int | None:
+    """The uid owning the other end of an accepted connection from this machine, or None.
+
+    Unix sockets: ``SO_PEERCRED``. TCP: the peer's socket is one of this
+    machine's, so ``/proc/net/tcp[6]`` lists it (its local address is our
+    peer, its remote address is us) with its owner's uid.
+    """
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return None
+    if sock.family == socket.AF_UNIX:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return struct.unpack("3i", creds)[1]
+    peer, ours = writer.get_extra_info("peername"), writer.get_extra_info("sockname")
+    if not peer or not ipaddress.ip_address(peer[0].split("%")[0]).is_loopback:
+        return None
+    peer4, peer6 = _proc_net_hex(peer[0], peer[1])
+    ours4, ours6 = _proc_net_hex(ours[0], ours[1])
+    for table, local, remote in (("/proc/net/tcp", peer4, ours4), ("/proc/net/tcp6", peer6, ours6)):
+        if not local:
+            continue
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    fields = line.split()
+                    if fields[1] == local and fields[2] == remote:
+                        return int(fields[7])
+        except OSError:
+            continue
+    return None
+
+
+def _is_loopback(writer: asyncio.StreamWriter) -> bool:
+    sock = writer.get_extra_info("socket")
+    if sock is not None and sock.family == socket.AF_UNIX:
+        return True
+    peer = writer.get_extra_info("peername")
+    return bool(peer) and ipaddress.ip_address(peer[0].split("%")[0]).is_loopback
 
 
 def split_address(address: str) -> tuple[str, str]:
@@ -68,7 +143,12 @@ async def _listen(bind: str, handler: Any) -> asyncio.AbstractServer:
     if bind.startswith("tcp://"):
         host, port = _tcp_host_port(bind)
         return await asyncio.start_server(handler, host, port)
-    return await asyncio.start_unix_server(handler, _unix_path(bind))
+    path = _unix_path(bind)
+    old = os.umask(0o177)  # the socket is the worker's user's alone (0600)
+    try:
+        return await asyncio.start_unix_server(handler, path)
+    finally:
+        os.umask(old)
 
 
 class DialInWorker:
@@ -101,9 +181,36 @@ class DialInWorker:
             with contextlib.suppress(OSError):
                 os.unlink(_unix_path(self.bind))
 
+    def _refusal(self, writer: asyncio.StreamWriter, hello: dict, challenge: str) -> str | None:
+        """Why this client may not attach (see the module's docstring), or None."""
+        key = os.environ.get(KEY_ENV)
+        proof = hello.get("proof")
+        if key and isinstance(proof, str) and hmac.compare_digest(proof, _proof(key, challenge)):
+            return None
+        if _is_loopback(writer):
+            uid = local_peer_uid(writer)
+            if uid == os.getuid():
+                return None
+            return (
+                f"worker {self.dial} runs as uid {os.getuid()} and takes clients of that user "
+                f"only (or with {KEY_ENV}); this one is uid {uid}"
+            )
+        if not key:
+            return (
+                f"worker {self.dial} takes clients from other machines only with a shared key: "
+                f"set {KEY_ENV} to the same secret for the worker and the client"
+            )
+        return f"worker {self.dial}: wrong or missing proof of {KEY_ENV}"
+
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
+            challenge = secrets.token_hex(16)
+            await _reply(writer, challenge=challenge)
             hello = json.loads(await asyncio.wait_for(reader.readline(), HELLO_TIMEOUT))
+            refusal = self._refusal(writer, hello, challenge)
+            if refusal is not None:
+                await _reply(writer, error=refusal)
+                return
             env = {k: str(v) for k, v in hello["env"].items() if k.startswith("MONARCH_")}
             if self._busy is not None:
                 await _reply(writer, error=f"worker {self.dial} serves another client "
@@ -172,13 +279,17 @@ async def dial(worker: str, timeout: float) -> tuple[str, asyncio.StreamWriter] 
         reader, writer = await open_connection(address)
     except OSError:
         return None
-    env = {k: v for k, v in os.environ.items() if k.startswith("MONARCH_")}
-    hello = {"env": env, "pid": os.getpid(), "timeout": max(1.0, timeout)}
+    env = {k: v for k, v in os.environ.items() if k.startswith("MONARCH_") and k != KEY_ENV}
+    hello: dict[str, Any] = {"env": env, "pid": os.getpid(), "timeout": max(1.0, timeout)}
     try:
+        opening = json.loads(await asyncio.wait_for(reader.readline(), max(1.0, timeout)) or b"{}")
+        key = os.environ.get(KEY_ENV)
+        if key and isinstance(opening.get("challenge"), str):
+            hello["proof"] = _proof(key, opening["challenge"])
         writer.write(json.dumps(hello).encode() + b"\n")
         await writer.drain()
         line = await asyncio.wait_for(reader.readline(), max(1.0, timeout))
-    except (OSError, asyncio.TimeoutError) as e:
+    except (OSError, ValueError, asyncio.TimeoutError) as e:
         writer.close()
         raise RuntimeError(f"worker {address} did not answer within {timeout:.0f} s: {e!r}") from e
     reply = json.loads(line) if line else {"error": "it closed the connection"}

@@ -6,6 +6,7 @@ client dials the address it was given and hands the worker its broker.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from monarch.actor import Actor, Future, attach_to_workers, context, endpoint
+from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,9 +38,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_worker(address: str) -> subprocess.Popen:
+def start_worker(address: str, **extra_env: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MONARCH_")}
     env["PYTHONPATH"] = str(ROOT)
+    env.update(extra_env)
     code = (
         "from monarch.actor import run_worker_loop_forever\n"
         f"run_worker_loop_forever(address={address!r}, ca='trust_all_connections')\n"
@@ -90,3 +93,92 @@ def test_attach_to_an_address_nobody_listens_on_fails_within_its_timeout(nats_ur
     missing = f"ipc://{tmp_path}/never-bound"
     with pytest.raises(TimeoutError, match="never-bound"):
         attach_to_workers(workers=[missing], timeout=2)
+
+
+# -- who may attach (monarch.hosts.dial_in: attaching runs code as the worker's user) --
+
+
+def wait_listening(host: str, port: int, worker: subprocess.Popen) -> None:
+    def up() -> bool:
+        assert worker.poll() is None, "the worker exited"
+        with socket.socket() as s:
+            return s.connect_ex((host, port)) == 0
+
+    assert wait_until(up, 30), "the worker did not listen"
+
+
+FOREIGN_CLIENT = """
+import json, socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+f = s.makefile("rwb")
+f.readline()  # the worker's challenge
+hello = {"env": {"MONARCH_NATS_URL": "nats://127.0.0.1:9"}, "pid": 1}
+f.write(json.dumps(hello).encode() + b"\\n"); f.flush()
+print(f.readline().decode().strip())
+"""
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to act as another user")
+def test_a_client_of_another_local_user_is_refused(nats_url, tmp_path):
+    """Another user of this machine dials a worker on loopback and offers its own
+    broker: refused (it would run code as the worker's user), and the ipc socket is
+    the worker's user's alone."""
+    port = free_port()
+    worker = start_worker(f"tcp://127.0.0.1:{port}")
+    ipc_path = tmp_path / "worker-sock"
+    ipc_worker = start_worker(f"ipc://{ipc_path}")
+    try:
+        wait_listening("127.0.0.1", port, worker)
+        as_nobody = subprocess.run(
+            ["/usr/bin/python3", "-c", FOREIGN_CLIENT, "127.0.0.1", str(port)],
+            preexec_fn=lambda: os.setuid(65534),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert wait_until(ipc_path.exists, 30), "no ipc socket"
+        mode = ipc_path.stat().st_mode & 0o777
+    finally:
+        codes = stop_workers([worker, ipc_worker])
+    reply = json.loads(as_nobody.stdout)
+    assert "uid 65534" in reply["error"] and "clients of that user only" in reply["error"]
+    assert set(reply) == {"error"}  # no agent was started for it (no uid came back)
+    assert mode == 0o600
+    assert codes == [0, 0]
+
+
+def non_loopback_ipv4() -> str:
+    out = subprocess.run(
+        ["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True
+    ).stdout
+    addresses = [line.split()[3].split("/")[0] for line in out.splitlines() if "inet " in line]
+    assert addresses, "this test needs a non-loopback IPv4 address (eth0 on our machines)"
+    return addresses[0]
+
+
+def test_a_client_from_another_machine_needs_the_workers_key(nats_url, monkeypatch):
+    """A peer that is not on loopback: refused without MONARCH_WORKER_KEY on the
+    worker, refused with a wrong key, attached with the right one (the key itself
+    never travels: the hello carries an HMAC of the worker's challenge)."""
+    ip = non_loopback_ipv4()
+    keyless_port, keyed_port = free_port(), free_port()
+    keyless = start_worker(f"tcp://{ip}:{keyless_port}@tcp://{ip}:{keyless_port}")
+    keyed = start_worker(
+        f"tcp://{ip}:{keyed_port}@tcp://{ip}:{keyed_port}", MONARCH_WORKER_KEY="s3cret-worker-key"
+    )
+    try:
+        wait_listening(ip, keyless_port, keyless)
+        wait_listening(ip, keyed_port, keyed)
+        with pytest.raises(RuntimeError, match="MONARCH_WORKER_KEY"):
+            attach_to_workers(workers=[f"tcp://{ip}:{keyless_port}"], timeout=10)
+        monkeypatch.setenv("MONARCH_WORKER_KEY", "a-wrong-key")
+        with pytest.raises(RuntimeError, match="wrong or missing proof"):
+            attach_to_workers(workers=[f"tcp://{ip}:{keyed_port}"], timeout=10)
+        monkeypatch.setenv("MONARCH_WORKER_KEY", "s3cret-worker-key")
+        hosts = attach_to_workers(workers=[f"tcp://{ip}:{keyed_port}"], timeout=60)
+        where = hosts.spawn_procs(per_host={"gpus": 1}).spawn("where_keyed", Where)
+        assert list(where.rank.call().get(timeout=60).values()) == [0]
+        hosts.shutdown().get(timeout=60)
+    finally:
+        codes = stop_workers([keyless, keyed])
+    assert codes == [0, 0]
