@@ -109,7 +109,9 @@ class Heartbeater:
         self._waiting: list[threading.Event] = []  # set once a beat has reached the broker
 
     def start(self) -> None:
-        self.clock = LoopClock(asyncio.get_running_loop(), min(0.25, self.interval))
+        # Stamped once per heartbeat: a stall matters only past the timeout, and each
+        # stamp wakes a loop that may be carrying calls.
+        self.clock = LoopClock(asyncio.get_running_loop(), self.interval)
         self.clock.start()
         self._thread = threading.Thread(
             target=self._run, name=f"monarch-heartbeat-{self.uid}", daemon=True
@@ -335,16 +337,26 @@ class Watcher:
                 log.exception("stall listener for %s failed", uid)
 
     async def _check(self) -> None:
-        period = min(0.1, self.timeout / 4)
-        turned = time.monotonic()
+        # Sleeps until the earliest moment someone could be overdue, not on a fixed
+        # tick: heartbeats keep moving that moment, so the loop wakes for this about
+        # once per timeout instead of ten times a second (each wake-up of a loop
+        # that is also carrying calls adds to their tail, NOTES 26). Never longer
+        # than half a timeout (a uid may start being watched meanwhile).
+        late_limit = min(0.1, self.timeout / 4)
         while True:
-            await asyncio.sleep(period)
             now = time.monotonic()
+            deadlines = [
+                last + max(self.timeout, self._quiet.get(uid, 0.0))
+                for uid, last in self._last.items()
+            ]
+            wait = min([self.timeout / 2] + [d - now for d in deadlines])
+            wait = max(wait, late_limit / 2)
+            await asyncio.sleep(wait)
+            now, intended = time.monotonic(), now + wait
             # Our own loop may have been stalled: the heartbeats of that time wait unread
             # in our socket, so it is our silence, not theirs. Do not count it.
-            late = now - turned - period
-            turned = now
-            if late > period:
+            late = now - intended
+            if late > late_limit:
                 for uid in self._last:
                     self._last[uid] += late
             if self._paused:
