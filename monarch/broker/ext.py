@@ -9,6 +9,7 @@ Neither codec keeps a registry of its own or reaches into the other's.
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -92,9 +93,35 @@ def for_value(obj: Any) -> Ext | None:
     return ext
 
 
+# Where each of monarch's own codes is registered. A receiver may meet one before it
+# has imported that module (a proc whose first message carries a ProcMesh): the
+# module is imported then, by name, as pickle imports a class's module. By name so
+# that this layer depends on none of them (the import-linter contracts).
+HOME_MODULES: Mapping[int, str] = MappingProxyType(
+    {
+        16: "monarch.actors.calls.actor_mesh",
+        17: "monarch.actors.calls.ports",
+        18: "monarch.actors.procs.proc_mesh",
+        19: "monarch.actors.procs.host_mesh",
+        20: "monarch.rdma.buffer",
+        21: "monarch.rdma.bulk",
+        48: "monarch.tensors.wire",
+        49: "monarch.tensors.wire",
+        50: "monarch.tensors.tensor",
+    }
+)
+
+
 def by_code(code: Any) -> Ext | None:
-    """The registration of ``code`` (None for an unknown one)."""
-    return _by_code.get(code) if type(code) is int else None
+    """The registration of ``code`` (None for an unknown one); imports the module that
+    registers one of monarch's own codes if nobody has yet (:data:`HOME_MODULES`)."""
+    if type(code) is not int:
+        return None
+    registered = _by_code.get(code)
+    if registered is None and code in HOME_MODULES:
+        importlib.import_module(HOME_MODULES[code])
+        registered = _by_code.get(code)
+    return registered
 
 
 def type_name(obj: Any) -> str:

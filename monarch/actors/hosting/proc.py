@@ -14,6 +14,7 @@ import asyncio
 import importlib.util
 import logging
 import os
+import signal
 import sys
 import threading
 
@@ -116,8 +117,24 @@ def main(argv: list[str] | None = None, *, preimport: bool = True) -> None:
         loop.close()
     sys.stdout.flush()
     sys.stderr.flush()
-    # Threads of actors stuck in an endpoint must not keep a stopped proc alive.
-    os._exit(0)
+    exit_like_python()
+
+
+FINALIZE_TIMEOUT = 5  # seconds a stopped proc may spend finalizing before SIGALRM ends it
+
+
+def exit_like_python() -> None:
+    """End the proc the way a Python program ends (``SystemExit``; never returns).
+
+    The interpreter then finalizes: atexit handlers run and module globals are
+    released, so their ``__del__`` runs, as in Monarch's procs (``Py_FinalizeEx``);
+    an actor that keeps a resource in a module global gets to close it. Bounded:
+    a thread an actor started and left running (Python waits for non-daemon
+    threads) or a finalizer that hangs must not keep a stopped proc alive, so
+    ``SIGALRM`` (default action: terminate) ends it after :data:`FINALIZE_TIMEOUT`.
+    """
+    signal.alarm(FINALIZE_TIMEOUT)
+    raise SystemExit(0)
 
 
 def _cancel_remaining(loop: asyncio.AbstractEventLoop) -> None:

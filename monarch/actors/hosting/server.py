@@ -180,6 +180,11 @@ class ProcServer:
 
     async def _on_stop(self, msg: Msg) -> None:
         await self.stop_all()
+        # A stop_mesh served beside this stop may still be stopping its actor (it
+        # took the actor out of ``actors`` first): the process must not end before.
+        others = [t for t in self._nested if t is not asyncio.current_task()]
+        if others:
+            await asyncio.wait(others, timeout=self.rt.settings.stop_timeout)
         self.stopped.set()
 
     async def close(self) -> None:
