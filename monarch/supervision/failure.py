@@ -85,7 +85,11 @@ class MeshFailure:
         )  # fmt: skip
 
     def __str__(self) -> str:
-        return self.report()
+        # Monarch's form (its MeshFailure's Display); the event is our report.
+        return (
+            f"MeshFailure(mesh_name={self.mesh_name}, crashed_ranks={self.ranks}, "
+            f"event={self.report()})"
+        )
 
     def __repr__(self) -> str:
         return f"MeshFailure({self.mesh_name!r}, ranks={self.ranks}, reason={self.reason!r})"

@@ -122,3 +122,29 @@ class HandlesInitFailure(Actor):
     @endpoint
     def offered(self) -> list:
         return self.seen
+
+
+class AwaitsWhileItsChildFails(Actor):
+    """Async owner that leaves its child's failure unhandled while one of its
+    endpoints is still awaiting (it would await for 300 s)."""
+
+    def __init__(self) -> None:
+        from monarch.actor import context
+
+        self.child = context().actor_instance.proc_mesh.spawn("doomed_child", AsyncFatal)
+
+    def __supervise__(self, failure) -> bool:  # noqa: ANN001
+        return False
+
+    @endpoint
+    async def fail_child_then_wait(self) -> str:
+        import asyncio
+
+        from monarch.actor import SupervisionError
+
+        try:
+            await self.child.fatal.call("Fatal")
+        except SupervisionError:
+            pass
+        await asyncio.sleep(300)
+        return "returned"

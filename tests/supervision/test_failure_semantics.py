@@ -17,6 +17,7 @@ from monarch.actor import ActorError, MeshFailure, SupervisionError, this_host
 from tests.helpers import proc_mesh_fixture, wait_until
 from tests.supervision.failure_actors import (
     AsyncFatal,
+    AwaitsWhileItsChildFails,
     CleanupExits,
     HandlesInitFailure,
     InitFails,
@@ -190,3 +191,15 @@ def test_owner_is_offered_an_init_failure_once_per_rank(procs, root_faults):
         assert re.search(r"The actor .*InitFails kid\{'gpus': \d/2\}", text)
         assert "an exception from __init__" in text
     assert root_faults.failures == []  # handled: nothing reaches the root
+
+
+def test_an_async_owner_that_leaves_a_child_failure_unhandled_fails_its_callers_at_once(
+    procs, root_faults
+):
+    # As in Monarch: __supervise__ runs beside the awaiting endpoint, the owner
+    # fails, and the call waiting on it raises now (not when the 300 s sleep ends).
+    owner = procs.spawn("impatient", AwaitsWhileItsChildFails).slice(gpus=0)
+    with pytest.raises(SupervisionError, match=f"{FAILED}(?s:.*)doomed_child"):
+        owner.fail_child_then_wait.call_one().get(timeout=60)
+    failures = root_faults.wait(1)
+    assert any(f.mesh_name == "impatient" for f in failures)

@@ -27,9 +27,10 @@ from monarch.actors.errors import (
     NotAnEndpointError,
     SpawnError,
     SupervisionError,
+    describe_actor,
 )
 from monarch.actors.meshes.mesh_ops import MeshShapeOps
-from monarch.actors.meshes.shape import Extent, View
+from monarch.actors.meshes.shape import Extent, Point, View
 from monarch.actors.messaging import messages as m
 from monarch.actors.messaging.flow import FLOW_ENDPOINT, FlowControl
 from monarch.actors.messaging.rpc import request_all
@@ -133,10 +134,19 @@ class MeshState:
             if gather is not None:
                 gather.fail(exc)
 
+    def stopped_error(self, endpoint: str | None = None) -> MeshStoppedError:
+        """What a call to this stopped mesh raises, in Monarch's words (a supervision
+        event with the status ``stopped: <why>``), naming the call when known."""
+        actor = describe_actor(self.cls, self.class_name, self.name, Point(0, self.base))
+        text = f"Supervision event: actor {actor} has status:\n  stopped: {self.stopped}"
+        if endpoint:
+            text = f"Endpoint call {self.name}.{endpoint}() failed, {text}"
+        return MeshStoppedError(text)
+
     def mark_stopped(self, reason: str) -> None:
         if self.stopped is None:
             self.stopped = reason
-        exc = MeshStoppedError(f"actor mesh {self.name!r} was stopped ({reason})")
+        exc = self.stopped_error()
         self.mark_failed(exc)
         for gather in list(self.inflight):
             gather.fail(exc)
@@ -166,9 +176,7 @@ class MeshState:
                     return
         if self.stopped is not None:
             if gather is not None:
-                gather.fail(
-                    MeshStoppedError(f"actor mesh {self.name!r} was stopped ({self.stopped})")
-                )
+                gather.fail(self.stopped_error())
             return
         if self.error is not None:
             if gather is not None:
@@ -305,7 +313,7 @@ class ActorMesh(MeshShapeOps, Generic[A]):
     ) -> tuple[bytes, dict]:
         st = self._state
         if st.stopped is not None:
-            raise MeshStoppedError(f"actor mesh {self._name!r} was stopped ({st.stopped})")
+            raise st.stopped_error(endpoint)
         full = len(self._view) == st.base.nelements and self._view.extent == st.base
         view_spec = (
             None

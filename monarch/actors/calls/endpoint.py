@@ -49,6 +49,13 @@ class EndpointProperty(Generic[R]):
         self._fast_range = self._positional_range()
         functools.update_wrapper(self, method)  # type: ignore[arg-type]
 
+    @property
+    def _explicit_response_port(self) -> bool:
+        """Monarch's name: whether the reply leaves through a port rather than as the
+        method's return when it returns (an explicit port, or a concurrent endpoint,
+        whose reply is sent when its task ends; Monarch builds those on a port)."""
+        return self.explicit_response_port or self.concurrent
+
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         if instance is None:
             return self

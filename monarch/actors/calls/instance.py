@@ -217,8 +217,18 @@ class ActorInstance:
         return False
 
     def supervise(self, failure: MeshFailure) -> None:
-        """A mesh this actor owns failed: run ``__supervise__`` in mailbox order."""
-        if not self._done and self.failed is None:
+        """A mesh this actor owns failed: run ``__supervise__``.
+
+        An async actor hears of it at once, beside an endpoint that is awaiting
+        (as Monarch's control items run first): left unhandled, the actor fails
+        now and callers waiting on it learn so, instead of when that endpoint
+        ends. A sync actor's thread runs it after the message it is handling.
+        """
+        if self._done or self.failed is not None:
+            return
+        if isinstance(self._runner, LoopRunner):
+            self.rt.loop.create_task(self._on_loop(_Supervise(failure)))
+        else:
             self._runner.put(_Supervise(failure))
 
     def request_stop(self) -> None:

@@ -188,6 +188,8 @@ class Supervisor:
             reason = failure.message
             if failure.traceback:
                 reason += "\n" + failure.traceback
+            if failure.cause is not None:  # an owner that did not handle its child's failure
+                reason += ":\n" + failure.cause.report()
             for rank in failure.ranks:  # each rank's error names that rank, as in Monarch
                 actor = describe_actor(st.cls, st.class_name, st.name, Point(rank, st.base))
                 actors[rank] = actor

@@ -189,7 +189,7 @@ class ProcMeshState:
         try:
             await asyncio.shield(self.ready)
             if self.stopping:
-                raise MeshStoppedError(f"proc mesh {self.name!r} is stopped")
+                raise MeshStoppedError(f"`ProcMesh` has already been stopped ({self.name!r})")
             ns = self.rt.namespace
             requests = [
                 (subjects.ctl_proc(ns, self.procs[pr].uid), body, {m.KIND: "spawn"})
@@ -397,7 +397,7 @@ class ProcMesh(MeshShapeOps):
             )
         st = self._state
         if st.stopping or st.stopped is not None:
-            raise MeshStoppedError(f"proc mesh {st.name!r} is stopped")
+            raise MeshStoppedError(f"`ProcMesh` has already been stopped ({st.name!r})")
         import inspect
 
         try:
