@@ -6,6 +6,7 @@ polls ``capsys`` (bounded) until the text it expects has arrived.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -48,13 +49,19 @@ class Captured:
 procs = proc_mesh_fixture({"gpus": 4}, name="logged")
 
 
+async def _awaited(awaitable):
+    return await awaitable
+
+
 @pytest.fixture
 def printer(procs):
     return procs.spawn("printer", Printer)
 
 
 def test_print_from_sync_endpoint_reaches_client_with_actor_and_rank(procs, printer, capsys):
-    procs.logging_option(aggregate_window_sec=None)
+    # Applied when it returns; what it returns is awaitable too, as Monarch's coroutine is
+    done = procs.logging_option(aggregate_window_sec=None)
+    assert asyncio.run(_awaited(done)) is None
     printer.slice(gpus=2).say.call_one("hello from a proc").get(timeout=30)
     cap = Captured(capsys)
     out = cap.wait_for("[printer[2]] hello from a proc\n")

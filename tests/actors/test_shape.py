@@ -61,6 +61,7 @@ def test_value_mesh_shape_operations():
     assert vm.slice(hosts=0).item(gpus=1) == 1
     assert vm.size() == 8 and vm.size("gpus") == 4 and vm.sizes == {"hosts": 2, "gpus": 4}
     assert vm._labels == ["hosts", "gpus"] and vm.slice(hosts=0)._labels == ["gpus"]  # as Monarch
+    assert ValueMesh[int] is ValueMesh  # subscripted at run time, as Monarch's
     assert list(vm.flatten("x").values()) == list(range(8))
     with pytest.raises(KeyError):
         vm.item(gpus=1)

@@ -61,6 +61,10 @@ class ValueMesh(MeshShapeOps, Generic[T]):
             and self._values == other._values
         )
 
+    def __class_getitem__(cls, item: object) -> type:
+        """``ValueMesh[int]`` is ValueMesh itself at run time, as in Monarch."""
+        return cls
+
     def __repr__(self) -> str:
         # As Monarch prints it: the extent, then the (point, value) pairs, pretty-printed.
         body = textwrap.indent(pprint.pformat(tuple(self.items())), "  ")

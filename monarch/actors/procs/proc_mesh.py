@@ -453,7 +453,7 @@ class ProcMesh(MeshShapeOps):
         stream_to_client: bool = True,
         aggregate_window_sec: int | None = 3,
         level: int = logging.INFO,
-    ) -> None:
+    ) -> Future[None]:
         """How the procs' stdout, stderr and log records reach this client (as in Monarch).
 
         Lines print here prefixed with actor and rank; with a window, identical
@@ -462,9 +462,14 @@ class ProcMesh(MeshShapeOps):
         output on each proc's own streams. The defaults are also the mode a
         new proc mesh starts in. Applies to the whole proc mesh; blocks until
         its procs have applied it. See :mod:`monarch.actors.procs.log_collection`.
+        Returns a done future: Monarch's is a coroutine (``await pm.logging_option(...)``),
+        and a script written for it awaits the result.
         """
         st = self._state
         st.logs.set_mode(LogMode(stream_to_client, aggregate_window_sec, level), st.ready)
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
 
     def activate(self) -> Any:
         """Tensor engine: ``with procs.activate():`` makes torch calls run on these procs.
