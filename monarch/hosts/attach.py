@@ -161,7 +161,16 @@ def attach_to_workers(
     finally:
         for line in lifelines:  # dialled workers serve us until the runtime closes
             rt.on_close(line.close)
-    return HostMesh(View.full(Extent(["hosts"], [len(found)])), found, agent_launcher=AgentLauncher)
+    def end_dialled_workers() -> None:
+        for line in lifelines:
+            dial_in.shutdown_lifeline(line)
+
+    return HostMesh(
+        View.full(Extent(["hosts"], [len(found)])),
+        found,
+        agent_launcher=AgentLauncher,
+        on_shutdown=end_dialled_workers if lifelines else None,
+    )
 
 
 def hosts_from_config(

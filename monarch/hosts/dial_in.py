@@ -50,6 +50,7 @@ from typing import Any
 from monarch.broker.config import settings
 
 HELLO_TIMEOUT = 10.0  # seconds a dialling client has to say hello
+SHUTDOWN = b"shutdown"  # the client's last line: its host mesh is shut down, the worker ends
 KEY_ENV = "MONARCH_WORKER_KEY"  # shared secret that lets clients on other machines attach
 
 
@@ -114,12 +115,18 @@ def split_address(address: str) -> tuple[str, str]:
 
 
 def is_dialable(worker: str) -> bool:
-    """Whether ``worker`` is an address a worker could listen on (not an agent name)."""
+    """Whether ``worker`` is an address a worker could listen on (not an agent name).
+
+    A worker's own address may also name a listening socket it inherited,
+    ``tcp://host:fdN`` (Monarch's form): the worker adopts fd N; clients dial
+    that socket's real port.
+    """
     dial, _ = split_address(worker)
     if dial.startswith("ipc://") or dial.startswith("unix:"):
         return True
     if dial.startswith("tcp://"):
-        return dial.rsplit(":", 1)[-1].isdigit()
+        port = dial.rsplit(":", 1)[-1]
+        return port.isdigit() or (port.startswith("fd") and port[2:].isdigit())
     return False
 
 
@@ -141,8 +148,12 @@ async def open_connection(address: str) -> tuple[asyncio.StreamReader, asyncio.S
 
 async def _listen(bind: str, handler: Any) -> asyncio.AbstractServer:
     if bind.startswith("tcp://"):
-        host, port = _tcp_host_port(bind)
-        return await asyncio.start_server(handler, host, port)
+        port = bind.rsplit(":", 1)[-1]
+        if port.startswith("fd"):  # a listening socket this process inherited
+            sock = socket.socket(fileno=int(port[2:]))
+            return await asyncio.start_server(handler, sock=sock)
+        host, number = _tcp_host_port(bind)
+        return await asyncio.start_server(handler, host, number)
     path = _unix_path(bind)
     old = os.umask(0o177)  # the socket is the worker's user's alone (0600)
     try:
@@ -165,11 +176,13 @@ class DialInWorker:
         self.dial, self.bind = split_address(address)
         self.name, self.labels, self.capacity = name, labels, capacity
         self._busy: int | None = None  # pid of the client being served
+        self._stop: asyncio.Event | None = None
 
     async def serve_forever(self) -> None:
-        """Serve clients one after another until SIGINT or SIGTERM."""
+        """Serve clients one after another until SIGINT or SIGTERM, or until the
+        client being served shuts its host mesh down (as Monarch's workers end)."""
         server = await _listen(self.bind, self._client)
-        stop = asyncio.Event()
+        stop = self._stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(ValueError, NotImplementedError, RuntimeError):
@@ -246,8 +259,12 @@ class DialInWorker:
                 return
             try:
                 await _reply(writer, uid=agent.uid)
-                while await reader.read(4096):  # the lifeline: until the client hangs up
-                    pass
+                # The lifeline: until the client hangs up (it may come back, or another
+                # may), or says its host mesh is shut down (then this worker ends).
+                while line := await reader.readline():
+                    if line.strip() == SHUTDOWN and self._stop is not None:
+                        self._stop.set()
+                        break
             finally:
                 await agent.close()
         finally:
@@ -257,6 +274,13 @@ class DialInWorker:
                 else:
                     os.environ[k] = v
             settings.cache_clear()
+
+
+def shutdown_lifeline(writer: asyncio.StreamWriter) -> None:
+    """Tell a dialled worker that the client shut its host mesh down, and hang up."""
+    with contextlib.suppress(Exception):
+        writer.write(SHUTDOWN + b"\n")
+        writer.close()
 
 
 def _redacted(url: str) -> str:

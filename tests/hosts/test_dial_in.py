@@ -38,7 +38,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_worker(address: str, **extra_env: str) -> subprocess.Popen:
+def start_worker(address: str, pass_fds: tuple[int, ...] = (), **extra_env: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MONARCH_")}
     env["PYTHONPATH"] = str(ROOT)
     env.update(extra_env)
@@ -46,7 +46,7 @@ def start_worker(address: str, **extra_env: str) -> subprocess.Popen:
         "from monarch.actor import run_worker_loop_forever\n"
         f"run_worker_loop_forever(address={address!r}, ca='trust_all_connections')\n"
     )
-    return subprocess.Popen([sys.executable, "-c", code], env=env)
+    return subprocess.Popen([sys.executable, "-c", code], env=env, pass_fds=pass_fds)
 
 
 def stop_workers(workers: list[subprocess.Popen]) -> list[int]:
@@ -86,6 +86,28 @@ def test_attach_dials_workers_given_tcp_alias_ipc_and_future_addresses(nats_url,
     assert ranks == [0, 1]
     assert len(pids) == 2 and not pids & {w.pid for w in workers}  # procs of their own
     assert codes == [0, 0]  # and the workers stopped cleanly on SIGTERM
+
+
+def test_a_worker_on_an_inherited_socket_ends_when_its_client_shuts_the_hosts_down(nats_url):
+    """``tcp://host:fdN``: the worker adopts a listening socket it was handed; the
+    client dials its real port. ``HostMesh.shutdown()`` ends the worker, as Monarch's
+    (a client that merely goes away leaves it waiting for the next one)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        worker = start_worker(f"tcp://127.0.0.1:fd{sock.fileno()}", pass_fds=(sock.fileno(),))
+    try:
+        hosts = attach_to_workers(workers=[f"tcp://127.0.0.1:{port}"], timeout=60)
+        where = hosts.spawn_procs(per_host={"gpus": 1}).spawn("where_fd", Where)
+        assert list(where.rank.call().get(timeout=60).values()) == [0]
+        hosts.shutdown().get(timeout=60)
+        code = worker.wait(timeout=60)  # ended by the shutdown, not by a signal
+    finally:
+        if worker.poll() is None:
+            stop_workers([worker])
+    assert code == 0
 
 
 def test_attach_to_an_address_nobody_listens_on_fails_within_its_timeout(nats_url, tmp_path):

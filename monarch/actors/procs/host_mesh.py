@@ -210,6 +210,7 @@ class HostMesh(MeshShapeOps):
         python: str | None = None,
         machine: str | None = None,
         agent_launcher: AgentLauncherFactory | None = None,
+        on_shutdown: Callable[[], None] | None = None,
         _spawned: list[ProcMeshState] | None = None,
     ) -> None:
         if hosts is not None and agent_launcher is None:
@@ -223,6 +224,9 @@ class HostMesh(MeshShapeOps):
         self._machine = machine or socket.gethostname()  # where procs start when hosts is None
         # Proc meshes started from this mesh (and its slices and copies), for shutdown().
         self._spawned: list[ProcMeshState] = [] if _spawned is None else _spawned
+        # Run on the loop once shutdown() has stopped them (attach_to_workers: tell the
+        # workers it dialled that they may end, as Monarch's do).
+        self._on_shutdown = on_shutdown
 
     def _new_with_view(self, view: View) -> HostMesh:
         return self._copy(view=view, owned=False)
@@ -360,8 +364,12 @@ class HostMesh(MeshShapeOps):
         states = list(self._spawned)
         rt = runtime()
 
+        on_shutdown = self._on_shutdown
+
         async def stop_all() -> None:
             await asyncio.gather(*(st.stop() for st in states))
+            if on_shutdown is not None:
+                on_shutdown()
 
         return Future(rt.run_coro(stop_all()))
 

@@ -159,9 +159,12 @@ class ProcMeshState:
                 continue
             mesh_state.mark_dead(ranks, exc)
             if sup is not None:
+                # Monarch's words first ("the process this actor was running on
+                # failed: Killed(sig=9)"), then which proc it was.
                 failure = MeshFailure(
                     mesh_state.name, mesh_state.uid, ranks, reason,
-                    f"proc {handle.uid} hosting rank(s) {ranks} is gone: {why}",
+                    f"the process this actor was running on failed: {why} "
+                    f"(proc {handle.uid} hosting rank(s) {ranks})",
                 )  # fmt: skip
                 sup.report(mesh_state.owner_proc, mesh_state.owner_actor, failure)
         if handle.returncode is None:
