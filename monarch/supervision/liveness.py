@@ -156,6 +156,7 @@ class Heartbeater:
     async def _beat(self) -> None:
         nc: Client | None = None
         n = failures = 0
+        explained = False  # the loop's current stall came from a heavy import
         wake = asyncio.Event()
         with self._lock:
             self._wake = wake
@@ -175,9 +176,14 @@ class Heartbeater:
                 if nc is not None:
                     n += 1
                     headers = {KIND: "alive", hdr.SEQ: str(n)}
+                    stalled = self.clock.stalled_for() if self.clock is not None else 0.0
                     if self.clock is not None:
-                        headers[STALL] = f"{self.clock.stalled_for():.3f}"
-                    if heavy_imports.in_progress():
+                        headers[STALL] = f"{stalled:.3f}"
+                    # A stall that began during a heavy import stays explained until the
+                    # loop turns again: the import may be over before the loop runs.
+                    importing = heavy_imports.in_progress() is not None
+                    explained = importing or (explained and stalled > 0)
+                    if explained:
                         headers[QUIET] = f"{heavy_imports.ALLOWANCE:g}"
                     try:
                         await nc.publish(self.subject, str(time.time()).encode(), headers=headers)

@@ -145,15 +145,12 @@ def _become_proc(req, zygote_pid, replies, proc, child_dies_with_parent, setting
                 sys.path.insert(0, path)
         settings.cache_clear()  # the child's settings are its own environment's
         proc.main(["--uid", req["uid"], "--ready", req["ready"]], preimport=False)
-    except SystemExit:
-        # How a proc ends (proc.exit_like_python): up and out of the zygote's main,
-        # which holds nothing to release in a child, so the interpreter finalizes.
-        raise
     except BaseException:
         import traceback
 
         traceback.print_exc()
-    os._exit(1)  # an error, or main returned without ending the proc
+    finally:
+        os._exit(1)
 
 
 if __name__ == "__main__":
