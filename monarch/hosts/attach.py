@@ -198,21 +198,25 @@ def run_worker_loop_forever(
 
     ``address`` a broker (``nats://...``): register there (default:
     ``MONARCH_NATS_URL``). ``address`` a Monarch worker address
-    (``tcp://host:port``, ``ipc://path``, ``dial@bind``) and no
-    ``MONARCH_NATS_URL``: listen there for a client's ``attach_to_workers``,
-    which hands over its broker; serve one client at a time, forever.
+    (``tcp://host:port``, ``tcp://host:fdN``, ``ipc://path``, ``dial@bind``):
+    listen there for a client's ``attach_to_workers``, which hands over its
+    broker; serve one client at a time, until one shuts its host mesh down.
     """
     if private_key is not None or ca != "trust_all_connections":
         raise NotImplementedError("TLS is the broker's here: set MONARCH_NATS_TLS_* instead")
-    url = address if address and "://" in address and not dial_in.is_dialable(address) else None
-    url = url or settings().nats_url
+    # A Monarch worker address means "listen there", as in Monarch, even when this
+    # process inherited a MONARCH_NATS_URL (a client's clients hand it on); a broker
+    # address, or none, means "register with that broker".
+    listen = bool(address) and dial_in.is_dialable(address)
+    url = address if address and "://" in address and not listen else None
+    url = url or (None if listen else settings().nats_url)
     loop = new_event_loop()
     try:
-        if url:
-            loop.run_until_complete(run_agent(url, name=name, labels=labels, capacity=capacity))
-        elif address and dial_in.is_dialable(address):
+        if listen:
             worker = dial_in.DialInWorker(address, name=name, labels=labels, capacity=capacity)
             loop.run_until_complete(worker.serve_forever())
+        elif url:
+            loop.run_until_complete(run_agent(url, name=name, labels=labels, capacity=capacity))
         else:
             raise ValueError(
                 "no broker to register with and no address to listen on: pass "

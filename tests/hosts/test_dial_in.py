@@ -89,6 +89,8 @@ def test_attach_dials_workers_given_tcp_alias_ipc_and_future_addresses(nats_url,
 
 
 def test_a_worker_on_an_inherited_socket_ends_when_its_client_shuts_the_hosts_down(nats_url):
+    # The worker inherits a MONARCH_NATS_URL too (a client's subprocess does, as in
+    # Monarch's own tests): its explicit address still wins, it listens there.
     """``tcp://host:fdN``: the worker adopts a listening socket it was handed; the
     client dials its real port. ``HostMesh.shutdown()`` ends the worker, as Monarch's
     (a client that merely goes away leaves it waiting for the next one)."""
@@ -97,7 +99,11 @@ def test_a_worker_on_an_inherited_socket_ends_when_its_client_shuts_the_hosts_do
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = sock.getsockname()[1]
-        worker = start_worker(f"tcp://127.0.0.1:fd{sock.fileno()}", pass_fds=(sock.fileno(),))
+        worker = start_worker(
+            f"tcp://127.0.0.1:fd{sock.fileno()}",
+            pass_fds=(sock.fileno(),),
+            MONARCH_NATS_URL=nats_url,
+        )
     try:
         hosts = attach_to_workers(workers=[f"tcp://127.0.0.1:{port}"], timeout=60)
         where = hosts.spawn_procs(per_host={"gpus": 1}).spawn("where_fd", Where)
