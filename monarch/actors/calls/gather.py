@@ -118,9 +118,9 @@ class Gather:
         headers = msg.headers or {}
         if headers.get("Status") == "503":
             self.fail(
-                NoActorError(
-                    f"no actor of mesh {self.state.name!r} is listening on {msg.subject} "
-                    "(stopped, crashed, or never spawned)"
+                NoActorError(  # (msg.subject is our reply port: the broker's answer)
+                    f"no actor of mesh {self.state.name!r} is listening for "
+                    f"{self.endpoint!r} (stopped, crashed, or never spawned)"
                 )
             )
             return
