@@ -20,14 +20,13 @@ from tests.actors.lifecycle_actors import (
     AsyncCleanup,
     CancelledThenCleanup,
     Finalized,
-    KeepsAGlobal,
     LocalChildOwner,
     ProcInfo,
     SyncEndpointsAsyncCleanup,
     SyncEndpointsAsyncSupervise,
     ThreadLocal,
 )
-from tests.helpers import pid_alive, proc_mesh_fixture, wait_until
+from tests.helpers import proc_mesh_fixture
 
 procs = proc_mesh_fixture({"gpus": 2})
 
@@ -93,20 +92,6 @@ def test_finalizers_run_when_the_proc_mesh_stops(nats_url, tmp_path):
     pids = sorted(mesh.pid.call().get(timeout=30).values())
     pm.stop().get(timeout=60)
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"del-{pid}" for pid in pids]
-
-
-def test_a_stopped_proc_finalizes_like_a_python_program(nats_url, tmp_path):
-    # As Monarch's procs (Py_FinalizeEx): atexit handlers run and module globals are
-    # released, so an actor that keeps a resource in one gets to close it.
-    pm = this_host().spawn_procs(per_host={"gpus": 2})
-    mesh = pm.spawn("keeps", KeepsAGlobal, str(tmp_path))
-    pids = sorted(mesh.pid.call().get(timeout=30).values())
-    pm.stop().get(timeout=60)
-    assert wait_until(lambda: not any(pid_alive(p) for p in pids), 30)
-    expected = sorted([f"atexit-{p}" for p in pids] + [f"global-{p}" for p in pids])
-    assert sorted(p.name for p in tmp_path.iterdir()) == expected
-    for pid in pids:
-        assert (tmp_path / f"global-{pid}").read_text() == "released at exit"
 
 
 @pytest.mark.parametrize(
