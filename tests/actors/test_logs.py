@@ -6,7 +6,7 @@ polls ``capsys`` (bounded) until the text it expects has arrived.
 
 from __future__ import annotations
 
-import asyncio
+import inspect
 import logging
 import re
 import time
@@ -49,10 +49,6 @@ class Captured:
 procs = proc_mesh_fixture({"gpus": 4}, name="logged")
 
 
-async def _awaited(awaitable):
-    return await awaitable
-
-
 @pytest.fixture
 def printer(procs):
     return procs.spawn("printer", Printer)
@@ -61,7 +57,7 @@ def printer(procs):
 def test_print_from_sync_endpoint_reaches_client_with_actor_and_rank(procs, printer, capsys):
     # Applied when it returns; what it returns is awaitable too, as Monarch's coroutine is
     done = procs.logging_option(aggregate_window_sec=None)
-    assert asyncio.run(_awaited(done)) is None
+    assert inspect.isawaitable(done) and done.get(timeout=5) is None
     printer.slice(gpus=2).say.call_one("hello from a proc").get(timeout=30)
     cap = Captured(capsys)
     out = cap.wait_for("[printer[2]] hello from a proc\n")
