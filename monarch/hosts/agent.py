@@ -117,8 +117,16 @@ class HostAgent:
         )
         self.hosts_kv = await open_bucket(self.nc, self.ns, HOSTS)
         self.procs_kv = await open_bucket(self.nc, self.ns, PROCS)
-        subscribe = functools.partial(subscribe_ordered, self.nc)
-        self.watcher = Watcher(self.nc, self.ns, self.cfg.heartbeat_timeout, subscribe)
+        # Off the loop, on a connection of its own (see monarch.supervision.liveness),
+        # which also hears the heartbeats of the owners we watch.
+        own_connection = functools.partial(connect, self.url, f"monarch-host-{self.uid}-heartbeat")
+        self.heartbeater = Heartbeater(
+            self.ns, self.uid, self.cfg.heartbeat_interval, own_connection
+        )
+        self.watcher = Watcher(
+            self.nc, self.ns, self.cfg.heartbeat_timeout, self.heartbeater.listen
+        )
+        self.heartbeater.connection_listeners.append(self._heartbeat_connection_changed)
         self._queue: asyncio.Queue[Msg] = asyncio.Queue()
         self._sub = await subscribe_ordered(
             self.nc, subjects.ctl_host(self.ns, self.uid), self._queue.put_nowait
@@ -127,11 +135,6 @@ class HostAgent:
         # Only once the server has our subscription may clients find us.
         await self.nc.flush()
         await self._register()
-        # Off the loop, on a connection of its own (see monarch.supervision.liveness).
-        own_connection = functools.partial(connect, self.url, f"monarch-host-{self.uid}-heartbeat")
-        self.heartbeater = Heartbeater(
-            self.ns, self.uid, self.cfg.heartbeat_interval, own_connection
-        )
         self.heartbeater.start()
 
     async def _register(self) -> None:
@@ -144,6 +147,12 @@ class HostAgent:
         # are back (procs give up on their own after MONARCH_BROKER_LOST_TIMEOUT).
         if hasattr(self, "watcher"):
             self.watcher.pause()
+
+    def _heartbeat_connection_changed(self, connected: bool) -> None:
+        """On the heartbeat thread: while its connection is down we hear no owner."""
+        change = self.watcher.resume if connected else self.watcher.pause
+        with contextlib.suppress(RuntimeError):  # the loop has ended: we are exiting
+            self.loop.call_soon_threadsafe(change, "heartbeat")
 
     async def _on_reconnected(self) -> None:
         if hasattr(self, "watcher"):

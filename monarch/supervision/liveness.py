@@ -10,7 +10,12 @@ heartbeat, published by whoever reaped the process).
 Liveness does not depend on what the event loop is busy with. Heartbeats go
 out from a thread of their own, on a broker connection of their own (nats-py's
 client is not thread-safe), so an async endpoint that blocks the loop, or the
-first tensor a proc decodes importing torch, does not silence them. Each
+first tensor a proc decodes importing torch, does not silence them. Watched
+heartbeats come in on that same connection and thread
+(:meth:`Heartbeater.listen`), for the same reason the other way round: a proc
+flooded with messages (a client broadcasting thousands to its actors) has
+seconds of them queued on its main connection, and a heartbeat behind them
+would be read too late; its owner would look dead to it. Each
 heartbeat says for how long the process's event loop has not turned
 (``Mon-Loop-Stall``, seconds; a cheap callback on the loop stamps the time it
 last ran). A watcher that hears of a loop stalled for longer than the timeout
@@ -27,6 +32,7 @@ process a longer allowance of silence (``Mon-Quiet``, see
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -44,6 +50,7 @@ log = logging.getLogger(__name__)
 KIND = hdr.KIND
 STALL = hdr.LOOP_STALL  # seconds the sender's event loop has not turned (0.000: it turns)
 QUIET = hdr.QUIET  # seconds of silence to allow: the sender is importing torch
+LISTEN_WAIT = 2.0  # seconds Heartbeater.listen waits for its subscription to be sent
 
 
 class LoopClock:
@@ -107,6 +114,13 @@ class Heartbeater:
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None  # set (on the thread's loop): beat now
         self._waiting: list[threading.Event] = []  # set once a beat has reached the broker
+        self._nc: Client | None = None  # the thread's connection (used on the thread only)
+        # subject -> handler of what :meth:`listen` asked to hear (under the lock)
+        self._heard: dict[str, Callable[[Any], None]] = {}
+        self._nc_subs: dict[str, Any] = {}  # on the thread: subject -> nats subscription
+        self._sync_lock = asyncio.Lock()  # used on the thread's loop only
+        # Called on the thread with False when its connection drops and True when back.
+        self.connection_listeners: list[Callable[[bool], None]] = []
 
     def start(self) -> None:
         # Stamped once per heartbeat: a stall matters only past the timeout, and each
@@ -157,6 +171,7 @@ class Heartbeater:
         nc: Client | None = None
         n = failures = 0
         explained = False  # the loop's current stall came from a heavy import
+        subscribed = False  # what listen() asked for is subscribed on this connection
         wake = asyncio.Event()
         with self._lock:
             self._wake = wake
@@ -166,13 +181,23 @@ class Heartbeater:
                     waiting, self._waiting = self._waiting, []
                 if nc is None:
                     try:
-                        nc = await self._connect()
+                        nc = await self._connect(
+                            disconnected_cb=self._disconnected, reconnected_cb=self._reconnected
+                        )
+                        self._nc = nc
                     except Exception as e:
                         failures += 1
                         level = logging.WARNING if failures == 1 else logging.DEBUG
                         log.log(
                             level, "heartbeat connection of %s failed (retrying): %s", self.uid, e
                         )
+                if nc is not None and not subscribed:
+                    try:  # what watchers asked to hear before we were connected
+                        await self._sync_heard()
+                        subscribed = True
+                    except Exception as e:
+                        log.warning("heartbeat subscriptions of %s failed (retrying): %r",
+                                    self.uid, e)  # fmt: skip
                 if nc is not None:
                     n += 1
                     headers = {KIND: "alive", hdr.SEQ: str(n)}
@@ -199,11 +224,85 @@ class Heartbeater:
                     pass
                 wake.clear()
         finally:
+            self._nc = None
             if nc is not None:
                 try:
                     await asyncio.wait_for(nc.close(), 2.0)
                 except BaseException:
                     pass
+
+    # -- hearing others' heartbeats on this thread ------------------------------
+
+    async def listen(self, subject: str, handler: Callable[[Any], None]) -> HeardSubject:
+        """Hear ``subject`` on this thread's connection; ``handler(msg)`` runs on this thread.
+
+        Awaitable on any event loop. Waits (at most ``LISTEN_WAIT`` seconds) until
+        the subscription is on its way to the broker; if the thread is not
+        connected yet, it subscribes as soon as it is.
+        """
+        with self._lock:
+            self._heard[subject] = handler
+        await self._sync_from_outside()
+        return HeardSubject(self, subject)
+
+    async def _forget(self, subject: str) -> None:
+        with self._lock:
+            self._heard.pop(subject, None)
+        await self._sync_from_outside()
+
+    async def _sync_from_outside(self) -> None:
+        with self._lock:
+            loop = self._loop
+        if loop is None or loop.is_closed():
+            return  # not running yet (it subscribes once connected) or over
+        coro = self._sync_heard()
+        try:
+            done = asyncio.run_coroutine_threadsafe(coro, loop)
+        except RuntimeError:  # its loop has just ended
+            coro.close()
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(done)), LISTEN_WAIT)
+        except Exception as e:
+            log.debug("heartbeat subscriptions of %s not updated: %r", self.uid, e)
+
+    async def _sync_heard(self) -> None:
+        """On the thread: subscribe to what is asked for and not yet heard, drop the rest."""
+        nc = self._nc
+        if nc is None or nc.is_closed:
+            return
+        async with self._sync_lock:  # one at a time: none may subscribe a subject twice
+            with self._lock:
+                wanted = set(self._heard)
+            for subject in [s for s in self._nc_subs if s not in wanted]:
+                with contextlib.suppress(Exception):
+                    await self._nc_subs.pop(subject).unsubscribe()
+            for subject in wanted - set(self._nc_subs):
+                self._nc_subs[subject] = await nc.subscribe(subject, cb=self._deliverer(subject))
+
+    def _deliverer(self, subject: str) -> Callable[[Any], Awaitable[None]]:
+        async def deliver(msg: Any) -> None:
+            handler = self._heard.get(subject)
+            if handler is not None:
+                try:
+                    handler(msg)
+                except Exception:
+                    log.exception("heartbeat handler for %s failed", subject)
+
+        return deliver
+
+    async def _disconnected(self) -> None:
+        self._tell_connection(False)
+
+    async def _reconnected(self) -> None:
+        self._tell_connection(True)
+
+    def _tell_connection(self, up: bool) -> None:
+        for listener in list(self.connection_listeners):
+            try:
+                listener(up)
+            except Exception:
+                log.exception("heartbeat connection listener failed")
 
     async def stop(self) -> None:
         """Stop beating and wait (bounded) for the thread to end."""
@@ -223,6 +322,17 @@ class Heartbeater:
         # Polled rather than joined in an executor: this also runs at interpreter exit.
         while thread is not None and thread.is_alive() and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
+
+
+class HeardSubject:
+    """What :meth:`Heartbeater.listen` returns: ``await unsubscribe()`` stops hearing it."""
+
+    def __init__(self, heartbeater: Heartbeater, subject: str) -> None:
+        self._heartbeater = heartbeater
+        self.subject = subject
+
+    async def unsubscribe(self) -> None:
+        await self._heartbeater._forget(self.subject)
 
 
 async def announce_dead(nc: Client, namespace: str, uid: str, reason: str) -> None:
@@ -249,6 +359,10 @@ class Watcher:
     called once per stall with ``(uid, seconds)``, on this watcher's loop
     (logged at INFO instead when its heartbeats say it is importing torch). A
     uid whose last heartbeat carried ``Mon-Quiet`` may be silent that long.
+
+    ``subscribe(subject, handler)`` may call ``handler`` on another thread
+    (:meth:`Heartbeater.listen` does, on the heartbeat thread): the time a beat
+    is heard is taken there, the rest is handled on the loop ``watch`` runs on.
     """
 
     def __init__(
@@ -269,7 +383,9 @@ class Watcher:
         self._subs: dict[str, Any] = {}
         self._dead: set[str] = set()
         self._task: asyncio.Task | None = None
-        self._paused = False
+        self._loop: asyncio.AbstractEventLoop | None = None  # where callbacks run
+        self._loop_thread: int | None = None
+        self._paused: set[str] = set()  # why silence says nothing now (connections down)
         self.stalls: dict[str, float] = {}
         self.stall_listeners: list[Callable[[str, float], None]] = []
         # uid -> seconds of silence its last heartbeat asked for (a heavy import under way)
@@ -283,6 +399,9 @@ class Watcher:
         self._callbacks.setdefault(uid, []).append(on_dead)
         if uid in self._subs:
             return
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self._loop_thread = threading.get_ident()
         self._last[uid] = time.monotonic() + (self.grace - self.timeout)
         subject = subjects.heartbeat(self.namespace, uid)
         self._subs[uid] = await self._subscribe(
@@ -292,13 +411,28 @@ class Watcher:
             self._task = asyncio.get_running_loop().create_task(self._check())
 
     def _on_beat(self, uid: str, msg: Any) -> None:
+        heard_at = time.monotonic()
+        if self._loop is not None and threading.get_ident() != self._loop_thread:
+            # Heard on the heartbeat thread (Heartbeater.listen): note the time at
+            # once, so a loop that is busy (a backlog of calls) does not take a late
+            # reading for silence, and handle the rest on the loop.
+            if uid in self._last and uid not in self._dead:
+                self._last[uid] = heard_at
+            try:
+                self._loop.call_soon_threadsafe(self._handle_beat, uid, msg, heard_at)
+            except RuntimeError:  # the loop has ended: the process is exiting
+                pass
+            return
+        self._handle_beat(uid, msg, heard_at)
+
+    def _handle_beat(self, uid: str, msg: Any, heard_at: float) -> None:
         if uid in self._dead:
             return
         headers = msg.headers or {}
         if headers.get(KIND) == "dead":
             self._declare(uid, msg.data.decode(errors="replace") or "its process exited")
             return
-        self._last[uid] = time.monotonic()
+        self._last[uid] = max(self._last.get(uid, heard_at), heard_at)
         quiet = _seconds(headers, QUIET)
         if quiet > 0:
             self._quiet[uid] = quiet
@@ -389,16 +523,22 @@ class Watcher:
         if sub is not None:
             asyncio.get_running_loop().create_task(sub.unsubscribe())
 
-    def pause(self) -> None:
-        """Our own broker connection is down: silence says nothing about the others."""
-        self._paused = True
+    def pause(self, connection: str = "main") -> None:
+        """Our own broker ``connection`` is down: silence says nothing about the others.
 
-    def resume(self) -> None:
-        """Back on the broker: everyone gets a fresh timeout from now."""
+        Heartbeats come in on the heartbeat connection; the main one carries
+        what is sent to the watched (both must be up for silence to mean death).
+        """
+        self._paused.add(connection)
+
+    def resume(self, connection: str = "main") -> None:
+        """``connection`` is back; once all are, everyone gets a fresh timeout from now."""
+        self._paused.discard(connection)
+        if self._paused:
+            return
         now = time.monotonic()
         for uid in self._last:
             self._last[uid] = now
-        self._paused = False
 
     def is_dead(self, uid: str) -> bool:
         return uid in self._dead

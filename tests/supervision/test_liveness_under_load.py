@@ -272,3 +272,49 @@ def test_procs_forked_once_the_zygote_is_idle_have_torch_already(nats_url):
         assert "torch" in procs.spawn("mods", Echo).modules.call_one().get(timeout=30)
     finally:
         procs.stop().get(timeout=60)
+
+
+def test_a_flood_of_messages_to_a_proc_does_not_hide_its_owners_heartbeats(tmp_path, nats_url):
+    """A client that broadcasts faster than its procs can read puts seconds of
+    messages in each proc's socket. Heartbeats used to arrive on that same
+    connection, behind the backlog, so a proc read its owner's beats too late,
+    took the owner for dead and exited (code 3); the growth benchmark's
+    fire-and-forget at 64 actors did that. They are heard on the heartbeat
+    connection now: every message is handled and every proc lives."""
+    body = """
+        import time
+        from monarch.actor import Actor, endpoint, this_host
+
+        class Counter(Actor):
+            def __init__(self):
+                self.n = 0
+
+            @endpoint
+            def bump(self, i: int) -> None:
+                self.n += 1
+
+            @endpoint
+            def count(self) -> int:
+                return self.n
+
+        procs = this_host().spawn_procs(per_host={"gpus": 2})
+        meshes = [procs.spawn(f"c{i}", Counter) for i in range(16)]
+        for m in meshes:
+            m.count.call().get(timeout=60)
+        messages = 4000
+        start = time.monotonic()
+        for i in range(messages):
+            for m in meshes:  # alternating subjects: no two in a row may share a batch
+                m.bump.broadcast(i)
+        counts = [sorted(m.count.call().get(timeout=120).values()) for m in meshes]
+        took = time.monotonic() - start
+        print(took, flush=True)
+        assert counts == [[messages, messages]] * len(meshes), counts
+        procs.stop().get(timeout=60)
+    """
+    rc, out, err = run_client(tmp_path, body, timeout=180, MONARCH_HEARTBEAT_TIMEOUT="1")
+    assert rc == 0, f"the job died:\n{out}\n{err}"
+    took = float(out.split()[-1])
+    # The backlog must have outlasted the timeout, or the test shows nothing.
+    assert took > 1.0, f"the messages were handled in {took:.2f} s: no backlog to hide beats"
+    assert "is gone" not in err

@@ -75,7 +75,10 @@ class Supervisor:
         self.heartbeater = Heartbeater(
             rt.namespace, rt.proc_uid, cfg.heartbeat_interval, own_connection
         )
-        self.watcher = Watcher(rt.nc, rt.namespace, cfg.heartbeat_timeout, rt.subscribe_mesh)
+        # Heartbeats are heard on that connection too: a backlog of calls on the main
+        # one must not delay them (monarch.supervision.liveness).
+        self.watcher = Watcher(rt.nc, rt.namespace, cfg.heartbeat_timeout, self.heartbeater.listen)
+        self.heartbeater.connection_listeners.append(self._heartbeat_connection_changed)
         self._reported: set[tuple[str, int]] = set()
         self._sub: Any = None
         self._lost_timer: Any = None
@@ -117,6 +120,14 @@ class Supervisor:
             self.dispatch(failure)
         else:
             self.rt.publish(subject, body, headers)
+
+    def _heartbeat_connection_changed(self, connected: bool) -> None:
+        """On the heartbeat thread: while its connection is down we hear nobody."""
+        change = self.watcher.resume if connected else self.watcher.pause
+        try:
+            self.rt.loop.call_soon_threadsafe(change, "heartbeat")
+        except RuntimeError:  # the loop has ended: the process is exiting
+            pass
 
     def connection_changed(self, connected: bool) -> None:
         """Broker lost: fail calls in flight (their messages may be lost) and start the clock."""
