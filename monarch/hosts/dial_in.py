@@ -190,6 +190,13 @@ class DialInWorker:
         print(f"monarch worker listening at {self.dial} (bound to {self.bind})", flush=True)
         async with server:
             await stop.wait()
+        # Stopping already: a SIGTERM during the rest of the way out (a supervisor's,
+        # sent because the client's shutdown and its own crossed) must not turn a
+        # clean exit into death by signal.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError, NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, signal.SIG_IGN)
         if self.bind.startswith(("ipc://", "unix:")):
             with contextlib.suppress(OSError):
                 os.unlink(_unix_path(self.bind))
