@@ -50,7 +50,6 @@ log = logging.getLogger(__name__)
 KIND = hdr.KIND
 STALL = hdr.LOOP_STALL  # seconds the sender's event loop has not turned (0.000: it turns)
 QUIET = hdr.QUIET  # seconds of silence to allow: the sender is importing torch
-LISTEN_WAIT = 2.0  # seconds Heartbeater.listen waits for its subscription to be sent
 
 
 class LoopClock:
@@ -236,35 +235,39 @@ class Heartbeater:
     async def listen(self, subject: str, handler: Callable[[Any], None]) -> HeardSubject:
         """Hear ``subject`` on this thread's connection; ``handler(msg)`` runs on this thread.
 
-        Awaitable on any event loop. Waits (at most ``LISTEN_WAIT`` seconds) until
-        the subscription is on its way to the broker; if the thread is not
-        connected yet, it subscribes as soon as it is.
+        Awaitable on any event loop, and it does not suspend (callers rely on
+        that: a proc mesh's start goes on to mark itself settled): the
+        subscription is made on the thread soon after, or once it is connected.
+        A beat missed meanwhile is within the watcher's grace.
         """
         with self._lock:
             self._heard[subject] = handler
-        await self._sync_from_outside()
+        self._sync_soon()
         return HeardSubject(self, subject)
 
     async def _forget(self, subject: str) -> None:
         with self._lock:
             self._heard.pop(subject, None)
-        await self._sync_from_outside()
+        self._sync_soon()
 
-    async def _sync_from_outside(self) -> None:
+    def _sync_soon(self) -> None:
         with self._lock:
             loop = self._loop
         if loop is None or loop.is_closed():
             return  # not running yet (it subscribes once connected) or over
-        coro = self._sync_heard()
         try:
-            done = asyncio.run_coroutine_threadsafe(coro, loop)
+            loop.call_soon_threadsafe(self._start_sync)
         except RuntimeError:  # its loop has just ended
-            coro.close()
-            return
-        try:
-            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(done)), LISTEN_WAIT)
-        except Exception as e:
-            log.debug("heartbeat subscriptions of %s not updated: %r", self.uid, e)
+            pass
+
+    def _start_sync(self) -> None:
+        """On the thread."""
+        task = asyncio.get_running_loop().create_task(self._sync_heard())
+        task.add_done_callback(self._sync_done)
+
+    def _sync_done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("heartbeat subscriptions of %s not updated: %r", self.uid, task.exception())
 
     async def _sync_heard(self) -> None:
         """On the thread: subscribe to what is asked for and not yet heard, drop the rest."""
