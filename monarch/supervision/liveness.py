@@ -43,6 +43,7 @@ from nats.aio.client import Client
 
 from monarch.broker import headers as hdr
 from monarch.broker import subjects
+from monarch.broker.intake import subscribe_ordered
 from monarch.supervision import heavy_imports
 
 log = logging.getLogger(__name__)
@@ -281,16 +282,17 @@ class Heartbeater:
                 with contextlib.suppress(Exception):
                     await self._nc_subs.pop(subject).unsubscribe()
             for subject in wanted - set(self._nc_subs):
-                self._nc_subs[subject] = await nc.subscribe(subject, cb=self._deliverer(subject))
+                # The intake, as on the main connection: with a job key, a beat without
+                # a valid tag (a forger's "dead") is dropped before anyone sees it.
+                self._nc_subs[subject] = await subscribe_ordered(
+                    nc, subject, self._deliverer(subject)
+                )
 
-    def _deliverer(self, subject: str) -> Callable[[Any], Awaitable[None]]:
-        async def deliver(msg: Any) -> None:
+    def _deliverer(self, subject: str) -> Callable[[Any], None]:
+        def deliver(msg: Any) -> None:
             handler = self._heard.get(subject)
             if handler is not None:
-                try:
-                    handler(msg)
-                except Exception:
-                    log.exception("heartbeat handler for %s failed", subject)
+                handler(msg)
 
         return deliver
 
