@@ -251,8 +251,9 @@ def test_watcher_reports_a_stall_once_and_still_declares_silence_dead(nats_url):
 
 
 def test_procs_forked_once_the_zygote_is_idle_have_torch_already(nats_url):
-    """The zygote imports torch while nobody waits for a fork: later procs decode
-    their first tensor without importing anything on their event loop."""
+    """The zygote has torch imported (in its torch zygote) while nobody waits for a
+    fork: later procs decode their first tensor without importing anything on
+    their event loop."""
     import torch  # noqa: F401  (a test dependency: the zygote imports it when installed)
 
     from monarch.actor import this_host
@@ -263,7 +264,9 @@ def test_procs_forked_once_the_zygote_is_idle_have_torch_already(nats_url):
     assert zygote is not None and zygote.popen.poll() is None
 
     def zygote_has_torch() -> bool:
-        with open(f"/proc/{zygote.popen.pid}/maps") as f:
+        if zygote.torch_zygote is None:
+            return False
+        with open(f"/proc/{zygote.torch_zygote}/maps") as f:
             return "libtorch" in f.read()
 
     assert wait_until(zygote_has_torch, timeout=60)

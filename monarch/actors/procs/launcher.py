@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib.util
 import json
 import os
 import queue
@@ -235,6 +236,8 @@ class _Zygote:
         self._children: dict[int, tuple[ProcHandle, asyncio.AbstractEventLoop, Callable]] = {}
         self._lock = threading.Lock()
         self.alive = True
+        # The pid of the second zygote it forks to import torch, once it has (not a proc).
+        self.torch_zygote: int | None = None
         threading.Thread(target=self._read, name="monarch-zygote", daemon=True).start()
 
     def fork(
@@ -265,7 +268,9 @@ class _Zygote:
     def _read(self) -> None:
         for line in self._replies:
             msg = json.loads(line)
-            if "exit" in msg:
+            if "torch_zygote" in msg:
+                self.torch_zygote = msg["torch_zygote"]
+            elif "exit" in msg:
                 with self._lock:
                     entry = self._children.pop(msg["pid"], None)
                 if entry is not None:
@@ -375,12 +380,20 @@ def run_on_launcher_thread(fn: Callable[[], T], timeout: float = 60.0) -> T:
 
 
 def ensure_zygote() -> None:
-    """Start the zygote now and wait until it runs (tests use this to count processes)."""
+    """Start the zygote now and wait until it runs (tests use this to count processes).
+
+    With torch installed, wait also (at most 10 s) until it has forked its torch
+    zygote, which it does once idle: a process that is there for good.
+    """
     if not settings().zygote:
         return
     done: queue.SimpleQueue = queue.SimpleQueue()
     _launcher().put(lambda: done.put(_zygote()))
-    done.get(timeout=60)
+    zygote = done.get(timeout=60)
+    if importlib.util.find_spec("torch") is not None:
+        deadline = time.monotonic() + 10
+        while zygote.torch_zygote is None and zygote.alive and time.monotonic() < deadline:
+            time.sleep(0.02)
 
 
 def prestart_zygote() -> None:

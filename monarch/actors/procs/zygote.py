@@ -7,20 +7,22 @@ forks a child for each proc asked for: the child inherits the imported
 modules and runs the proc's main.
 
 Once no fork has been asked for during ``PRELOAD_WHEN_IDLE`` seconds, it
-imports torch too (when installed), on a thread, while it goes on reporting
-exits: a fork then has it already, and the first tensor a proc decodes imports
-nothing on its event loop. A fork asked for during that import waits for it
-(once per zygote, ~2 s of CPU here); the forks made before have no torch and
-import it when they first need it.
+forks a second zygote that imports torch (when installed) and, once that is
+done, hands it the fork requests: a proc then has torch already, and the
+first tensor it decodes imports nothing on its event loop. A fork asked for
+during that import (~2 s of CPU here) is made at once by the first zygote,
+without torch (it imports it when it first needs it).
 
-It never starts an event loop, and forks only while no thread of its own runs
-(importing torch leaves one of torch's, idle; forking after ``import torch``
-is what DataLoader workers do), so forking it is safe. It talks to
+Neither zygote starts an event loop, and each forks only while no thread of
+its own runs (the torch zygote has torch's idle threads after the import;
+forking after ``import torch`` is what DataLoader workers do), so forking
+them is safe. It talks to
 the client over two pipes, one JSON object per line:
 
 * client -> zygote (its stdin): ``{"uid": ..., "ready": ..., "env": {...}, "tie": bool}``
-* zygote -> client (a pipe whose fd is its only argument): ``{"uid": ..., "pid": N}`` once forked, and
-  ``{"pid": N, "exit": code}`` when a child ends (``code`` as ``Popen.returncode``).
+* zygote -> client (a pipe whose fd is its only argument): ``{"uid": ..., "pid": N}`` once forked,
+  ``{"pid": N, "exit": code}`` when a child ends (``code`` as ``Popen.returncode``), and
+  ``{"torch_zygote": N}`` once the torch zygote is forked.
 
 It exits when its stdin closes (the client finished or died). Children it made
 with ``tie`` die with it (parent-death signal); the others notice their owner's
@@ -29,13 +31,15 @@ silent heartbeat and exit by themselves.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import importlib.util
 import json
 import os
 import select
 import signal
 import sys
-import threading
+from typing import Any
 
 from monarch.broker._pdeathsig import child_dies_with_parent
 from monarch.broker.config import settings
@@ -47,84 +51,184 @@ def main() -> None:
     # Imported in main() only: launchers import this module just to name it; the fork template pays the imports.
     import monarch.actors.hosting.proc as proc  # the expensive part, done once
 
-    me = os.getpid()
     replies = os.fdopen(int(sys.argv[1]), "w", buffering=1)
-    stdin = sys.stdin.buffer
-    # A child's exit wakes the select at once (reported in ~ms, not at the next poll).
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    pending = b""
-    children: set[int] = set()
-    preload = _Preload(proc.preimport_torch)
-    waiting: list[dict] = []  # fork requests held back while torch is being imported
-    while True:
-        ready, _, _ = select.select([stdin, wake_r], [], [], preload.select_timeout())
-        preload.step(idle=not ready)
-        if wake_r in ready:
-            os.read(wake_r, 4096)
-        if stdin in ready:
-            chunk = os.read(stdin.fileno(), 65536)
-            if not chunk:
-                return  # the client is gone
-            pending += chunk
-            while b"\n" in pending:
-                line, pending = pending.split(b"\n", 1)
-                waiting.append(json.loads(line))
-        while waiting and not preload.running:
-            req = waiting.pop(0)
-            pid = os.fork()
-            if pid == 0:
-                signal.set_wakeup_fd(-1)
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                os.close(wake_r)
-                os.close(wake_w)
-                _become_proc(req, me, replies, proc, child_dies_with_parent, settings)
-            children.add(pid)
-            replies.write(json.dumps({"uid": req["uid"], "pid": pid}) + "\n")
-        while children:
+    torch_ready = importlib.util.find_spec("torch") is not None and "torch" not in sys.modules
+    _Zygote(sys.stdin.buffer.fileno(), replies, proc, with_torch_child=torch_ready).serve()
+
+
+class _Zygote:
+    """Forks a proc for each request line read from ``requests``; reports to ``replies``.
+
+    ``with_torch_child``: once idle for ``PRELOAD_WHEN_IDLE`` seconds, fork a
+    second zygote that imports torch (:class:`_TorchZygote`), and hand it the
+    requests once it is ready. This one never imports torch and never runs a
+    thread, so it can fork at once meanwhile: a spawn during the import does
+    not wait for it (it used to, ~2 s here).
+    """
+
+    def __init__(self, requests: int, replies: Any, proc: Any, *, with_torch_child: bool) -> None:
+        self.requests = requests
+        self.replies = replies
+        self.proc = proc
+        self.me = os.getpid()
+        # A child's exit wakes the select at once (reported in ~ms, not at the next poll).
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.children: set[int] = set()
+        self.torch = _TorchZygote(self) if with_torch_child else None
+
+    def serve(self) -> None:
+        """Until ``requests`` closes (the client finished or died)."""
+        pending = b""
+        while True:
+            fds = [self.requests, self.wake_r]
+            timeout = 1.0  # exits wake us at once; this is a safety net
+            if self.torch is not None:
+                fds += self.torch.fds()
+                timeout = self.torch.select_timeout() or timeout
+            ready, _, _ = select.select(fds, [], [], timeout)
+            if self.torch is not None:
+                self.torch.step(idle=not ready, readable=ready)
+            if self.wake_r in ready:
+                os.read(self.wake_r, 4096)
+            if self.requests in ready:
+                chunk = os.read(self.requests, 65536)
+                if not chunk:
+                    return
+                pending += chunk
+                while b"\n" in pending:
+                    line, pending = pending.split(b"\n", 1)
+                    if self.torch is None or not self.torch.take(line):
+                        self.fork_proc(json.loads(line))
+            self.reap()
+
+    def fork_proc(self, req: dict) -> None:
+        self.replies.flush()  # nothing buffered may be written twice
+        pid = os.fork()
+        if pid == 0:
+            self.close_in_child()
+            _become_proc(req, self.me, self.replies, self.proc, child_dies_with_parent, settings)
+        self.children.add(pid)
+        self.replies.write(json.dumps({"uid": req["uid"], "pid": pid}) + "\n")
+
+    def close_in_child(self) -> None:
+        """In a child forked from here: the fds that are this zygote's alone."""
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in (self.wake_r, self.wake_w, *(self.torch.own_fds() if self.torch else ())):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def reap(self) -> None:
+        while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                break
+                return
             if pid == 0:
-                break
-            children.discard(pid)
+                return
+            if self.torch is not None and pid == self.torch.pid:
+                self.torch.ended()
+                continue
+            self.children.discard(pid)
             code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-            replies.write(json.dumps({"pid": pid, "exit": code}) + "\n")
+            self.replies.write(json.dumps({"pid": pid, "exit": code}) + "\n")
 
 
-class _Preload:
-    """Imports torch on a thread once the zygote is idle; forks wait until it is done.
+class _TorchZygote:
+    """A child zygote that imports torch; forks are asked of it once it has.
 
-    On a thread so that child exits are still reported at once meanwhile; no
-    fork happens while it runs (a child would inherit half-imported modules
-    and their locks held by a thread it does not have).
+    Forked from the plain zygote once that is idle; it imports torch on its
+    main thread (nothing else runs in it, so nothing is half-imported when it
+    forks later), says ``ready``, then serves request lines forwarded to it,
+    writing its replies to the same pipe (one short line per write). It dies
+    with the plain zygote (parent-death signal), and its tied procs with it.
+    If it dies or its import fails, the plain zygote goes on forking itself.
     """
 
-    def __init__(self, target) -> None:  # noqa: ANN001
-        self._target = target
-        self._thread: threading.Thread | None = None
-        self._done = False
+    def __init__(self, parent: _Zygote) -> None:
+        self.parent = parent
+        self.pid: int | None = None
+        self.ready = False
+        self.over = False  # ended or failed: the plain zygote forks from now on
+        self._ready_r: int | None = None  # "ready" comes on it (EOF: it died first)
+        self._requests_w: int | None = None
 
-    @property
-    def running(self) -> bool:
-        return self._thread is not None
+    def fds(self) -> list[int]:
+        return [self._ready_r] if self._ready_r is not None else []
 
-    def select_timeout(self) -> float:
-        if self._thread is not None:
-            return 0.02  # notice the end of the import soon: forks may be waiting
-        return 1.0 if self._done else PRELOAD_WHEN_IDLE
+    def own_fds(self) -> list[int]:
+        return [fd for fd in (self._ready_r, self._requests_w) if fd is not None]
 
-    def step(self, idle: bool) -> None:
-        if self._thread is None and not self._done and idle:
-            self._thread = threading.Thread(target=self._target, name="zygote-preload", daemon=True)
-            self._thread.start()
-        elif self._thread is not None and not self._thread.is_alive():
-            self._thread.join()
-            self._thread, self._done = None, True
-            gc.freeze()  # forks never scan (nor, by scanning, copy) what they inherit
+    def select_timeout(self) -> float | None:
+        return PRELOAD_WHEN_IDLE if self.pid is None and not self.over else None
+
+    def step(self, idle: bool, readable: list[int]) -> None:
+        if idle and self.pid is None and not self.over:
+            self._start()
+        if self._ready_r is not None and self._ready_r in readable:
+            said = os.read(self._ready_r, 64)
+            os.close(self._ready_r)
+            self._ready_r = None
+            if said.startswith(b"ready"):
+                self.ready = True
+            else:
+                self.ended()
+
+    def take(self, line: bytes) -> bool:
+        """Forward a request line if ready; False: the caller forks it itself."""
+        if not self.ready or self._requests_w is None:
+            return False
+        data = memoryview(line + b"\n")
+        try:
+            while data:  # blocking: a full pipe waits
+                data = data[os.write(self._requests_w, data) :]
+            return True
+        except OSError:  # it is gone
+            self.ended()
+            return False
+
+    def ended(self) -> None:
+        self.ready, self.over = False, True
+        for fd in self.own_fds():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._ready_r = self._requests_w = None
+
+    def _start(self) -> None:
+        parent = self.parent
+        requests_r, requests_w = os.pipe()
+        ready_r, ready_w = os.pipe()
+        parent.replies.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(requests_w)
+                os.close(ready_r)
+                signal.set_wakeup_fd(-1)
+                for fd in (parent.wake_r, parent.wake_w):
+                    os.close(fd)
+                child_dies_with_parent(parent.me)
+                devnull = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(devnull, 0)  # the client's requests are the plain zygote's
+                os.close(devnull)
+                parent.proc.preimport_torch()
+                gc.freeze()  # forks never scan (nor, by scanning, copy) what they inherit
+                os.write(ready_w, b"ready\n")
+                os.close(ready_w)
+                _Zygote(requests_r, parent.replies, parent.proc, with_torch_child=False).serve()
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                os._exit(0)
+        os.close(requests_r)
+        os.close(ready_w)
+        self.pid, self._ready_r, self._requests_w = pid, ready_r, requests_w
+        parent.replies.write(json.dumps({"torch_zygote": pid}) + "\n")
 
 
 def _become_proc(req, zygote_pid, replies, proc, child_dies_with_parent, settings) -> None:  # noqa: ANN001
