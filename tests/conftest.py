@@ -13,6 +13,7 @@ import signal
 
 import pytest
 
+from monarch.actors.procs.zygote import TORCH_ZYGOTE_NAME
 from monarch.broker.server import EmbeddedBroker
 from tests.helpers import descendants, wait_until
 
@@ -46,14 +47,43 @@ def no_leaked_processes(request):
     before = descendants()
     yield
     leaked = set()
-    if not wait_until(lambda: not (descendants() - before), timeout=10):
-        leaked = descendants() - before
+    what = {}
+    if not wait_until(lambda: not (_ours(descendants()) - before), timeout=10):
+        leaked = _ours(descendants()) - before
         for pid in leaked:
+            what[pid] = _describe(pid)
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    assert not leaked, f"test left processes running: {sorted(leaked)}"
+    assert not leaked, f"test left processes running: {what}"
+
+
+def _ours(pids: set[int]) -> set[int]:
+    """Less the torch zygotes: a zygote (a client script's, started by the test) forks
+    one once it is idle, maybe only after the test that started it; it dies with its
+    zygote (parent-death signal), so a zygote left behind is still caught."""
+    return {pid for pid in pids if _comm(pid) != TORCH_ZYGOTE_NAME}
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _describe(pid: int) -> str:
+    """A leftover process's command line and parent, for the failure message."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        with open(f"/proc/{pid}/stat") as f:
+            ppid = f.read().rsplit(")", 1)[1].split()[1]
+        return f"{cmd} (parent {ppid})"
+    except OSError:
+        return "gone"
 
 
 class FaultRecorder:

@@ -45,6 +45,28 @@ from monarch.broker._pdeathsig import child_dies_with_parent
 from monarch.broker.config import settings
 
 PRELOAD_WHEN_IDLE = 0.3  # seconds without requests: a burst of forks for one mesh is over
+TORCH_ZYGOTE_NAME = "zygote-torch"  # the torch zygote's process name (/proc/<pid>/comm)
+
+
+def _process_name() -> str:
+    try:
+        with open("/proc/self/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "python"
+
+
+_ORIGINAL_NAME = _process_name()
+
+
+def _set_process_name(name: str) -> None:
+    """Set /proc/self/comm (what ``ps -o comm`` and ``top`` show); Linux only, best effort."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
 
 
 def main() -> None:
@@ -78,6 +100,7 @@ class _Zygote:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         self.children: set[int] = set()
         self.torch = _TorchZygote(self) if with_torch_child else None
+        self.name = _ORIGINAL_NAME
 
     def serve(self) -> None:
         """Until ``requests`` closes (the client finished or died)."""
@@ -109,6 +132,7 @@ class _Zygote:
         pid = os.fork()
         if pid == 0:
             self.close_in_child()
+            _set_process_name(self.name)  # a fork of the torch zygote is a proc, not it
             _become_proc(req, self.me, self.replies, self.proc, child_dies_with_parent, settings)
         self.children.add(pid)
         self.replies.write(json.dumps({"uid": req["uid"], "pid": pid}) + "\n")
@@ -211,6 +235,7 @@ class _TorchZygote:
                 for fd in (parent.wake_r, parent.wake_w):
                     os.close(fd)
                 child_dies_with_parent(parent.me)
+                _set_process_name(TORCH_ZYGOTE_NAME)  # `ps -o comm` tells it from a proc
                 devnull = os.open(os.devnull, os.O_RDONLY)
                 os.dup2(devnull, 0)  # the client's requests are the plain zygote's
                 os.close(devnull)
