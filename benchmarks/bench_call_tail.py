@@ -4,7 +4,8 @@
         [--variant NAME=VAR=VALUE[,VAR=VALUE...]]...
 
 For each variant (default: the plain settings, ``busy_poll`` =
-``MONARCH_BUSY_POLL_US=1000`` and ``heartbeat_5s`` = heartbeats every 5 s),
+``MONARCH_BUSY_POLL_US=1000``, ``heartbeat_5s`` = heartbeats every 5 s, and
+``async_endpoint`` = the same echo as an ``async def`` endpoint),
 interleaved over ``--runs`` rounds, a fresh client process spawns 4 procs with
 an ``Echo`` actor each (as S1 of ``compare/run.py``), warms up with 300 calls,
 then makes ``--calls`` ``call_one`` round trips to one of them and reports:
@@ -40,6 +41,9 @@ DEFAULT_VARIANTS = {
     "plain": {},
     "busy_poll": {"MONARCH_BUSY_POLL_US": "1000"},
     "heartbeat_5s": {"MONARCH_HEARTBEAT_INTERVAL": "5", "MONARCH_HEARTBEAT_TIMEOUT": "30"},
+    # The callee's endpoint `async def`: runs on the proc's loop, no hand-over to the
+    # actor's thread and back; the difference to plain is what that hand-over costs.
+    "async_endpoint": {"BENCH_ASYNC_ECHO": "1"},
 }
 
 
@@ -79,6 +83,24 @@ def child(calls: int) -> None:
         @endpoint
         def gc_collections(self) -> list[int]:
             return [s["collections"] for s in gc.get_stats()]
+
+    class AsyncEcho(Actor):
+        """All endpoints async: the actor runs on the proc's loop, no thread of its own."""
+
+        @endpoint
+        async def ping(self, x: int) -> int:
+            return x
+
+        @endpoint
+        async def pid(self) -> int:
+            return os.getpid()
+
+        @endpoint
+        async def gc_collections(self) -> list[int]:
+            return [s["collections"] for s in gc.get_stats()]
+
+    if os.environ.get("BENCH_ASYNC_ECHO") == "1":  # the async_endpoint variant
+        Echo = AsyncEcho  # noqa: N806
 
     procs = this_host().spawn_procs(per_host={"gpus": 4})
     mesh = procs.spawn("echo", Echo)
