@@ -91,3 +91,79 @@ def test_a_spawn_during_the_torch_import_is_forked_at_once_and_later_ones_have_t
     assert seen["after"]["torch"] is True
     assert seen["after"]["ppid"] != zygote
     assert seen["torch_zygote_parent"] == zygote
+
+
+_CLIENT_KILLS_TORCH_ZYGOTE = """
+import json, os, signal, sys, time
+from pathlib import Path
+import monarch.actor
+from monarch.actor import Actor, endpoint, this_host
+from monarch.actors.procs import launcher
+
+failures = []
+monarch.actor.unhandled_fault_hook = failures.append
+
+
+class Where(Actor):
+    def __init__(self):
+        self.torch_at_start = "torch" in sys.modules
+
+    @endpoint
+    def where(self) -> dict:
+        return {"pid": os.getpid(), "ppid": os.getppid(), "torch": self.torch_at_start}
+
+
+procs = this_host().spawn_procs(per_host={"gpus": 1})
+first = procs.spawn("first", Where).where.call_one().get(timeout=30)
+deadline = time.monotonic() + 60
+with_torch = first
+while not with_torch["torch"] and time.monotonic() < deadline:
+    time.sleep(0.2)
+    more = this_host().spawn_procs(per_host={"gpus": 1})
+    with_torch = more.spawn("more", Where).where.call_one().get(timeout=30)
+torch_zygote = launcher._the_zygote.torch_zygote
+os.kill(torch_zygote, signal.SIGKILL)  # as the OOM killer would
+while os.path.exists(f"/proc/{torch_zygote}/stat") and time.monotonic() < deadline:
+    with open(f"/proc/{torch_zygote}/stat") as f:
+        if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+            break  # dead, not yet reaped
+    time.sleep(0.05)
+after = this_host().spawn_procs(per_host={"gpus": 2})
+after_where = sorted(after.spawn("after", Where).where.call().get(timeout=30).values(),
+                     key=lambda w: w["pid"])
+while not failures and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(json.dumps({"first": first, "with_torch": with_torch, "torch_zygote": torch_zygote,
+                  "after": after_where, "failures": [str(f) for f in failures]}))
+"""
+
+
+def test_when_the_torch_zygote_dies_the_first_zygote_forks_again(tmp_path, nats_url):
+    """The torch zygote is the biggest process of a client's (the OOM killer's
+    choice): killed, it takes only its own (tied) procs along, whose deaths the
+    first zygote reports at once (heartbeats here would take 60 s: the failure
+    can only have come from that report); spawns go on, forked by the first
+    zygote, without torch."""
+    fake = tmp_path / "fake" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")  # a torch that imports at once
+    script = tmp_path / "client.py"
+    script.write_text(textwrap.dedent(_CLIENT_KILLS_TORCH_ZYGOTE))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(fake.parent), str(ROOT)]),
+        "MONARCH_HEARTBEAT_TIMEOUT": "60",
+    }
+    env.pop("MONARCH_NATS_URL", None)
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=150
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    zygote = seen["first"]["ppid"]
+    assert seen["with_torch"]["torch"] is True
+    assert seen["failures"], "the death of the torch zygote's proc was not reported"
+    assert any("Killed(sig=9)" in f and "more" in f for f in seen["failures"]), seen["failures"]
+    assert seen["with_torch"]["ppid"] == seen["torch_zygote"]
+    assert [w["ppid"] for w in seen["after"]] == [zygote, zygote]
+    assert [w["torch"] for w in seen["after"]] == [False, False]

@@ -238,6 +238,7 @@ class _Zygote:
         self.alive = True
         # The pid of the second zygote it forks to import torch, once it has (not a proc).
         self.torch_zygote: int | None = None
+        self._tied_to: dict[int, int] = {}  # proc pid -> the zygote it dies with
         threading.Thread(target=self._read, name="monarch-zygote", daemon=True).start()
 
     def fork(
@@ -257,36 +258,56 @@ class _Zygote:
         assert self.popen.stdin is not None
         self.popen.stdin.write(line.encode())
         self.popen.stdin.flush()
-        pid = answer.get(timeout=30)
+        try:
+            pid, by = answer.get(timeout=30)
+        except queue.Empty:
+            with self._lock:
+                self._forked.pop(h.uid, None)
+            raise RuntimeError(f"the proc zygote did not fork proc {h.uid} within 30 s") from None
         if pid is None:
             raise RuntimeError("the proc zygote exited")
         h.os_pid = pid
         h.killer = functools.partial(os.kill, pid, signal.SIGKILL)
         with self._lock:
             self._children[pid] = (h, loop, on_exit)
+            if tie and by is not None:
+                self._tied_to[pid] = by
 
     def _read(self) -> None:
         for line in self._replies:
             msg = json.loads(line)
-            if "torch_zygote" in msg:
+            if "torch_zygote_exit" in msg:
+                # It died (killed?): its tied procs died with it (parent-death
+                # signal) and nobody is left to report their exits; we do, now.
+                gone = msg["torch_zygote_exit"]
+                with self._lock:
+                    pids = [p for p, by in self._tied_to.items() if by == gone]
+                    entries = [self._children.pop(p, None) for p in pids]
+                    for p in pids:
+                        self._tied_to.pop(p, None)
+                for entry in entries:
+                    if entry is not None:
+                        _exited(*entry, -signal.SIGKILL)
+            elif "torch_zygote" in msg:
                 self.torch_zygote = msg["torch_zygote"]
             elif "exit" in msg:
                 with self._lock:
                     entry = self._children.pop(msg["pid"], None)
+                    self._tied_to.pop(msg["pid"], None)
                 if entry is not None:
                     _exited(*entry, msg["exit"])
             else:
                 with self._lock:
                     answer = self._forked.pop(msg["uid"], None)
                 if answer is not None:
-                    answer.put(msg["pid"])
+                    answer.put((msg["pid"], msg.get("by")))
         # The zygote is gone; its tied children died with it.
         self.alive = False
         with self._lock:
             waiting, self._forked = list(self._forked.values()), {}
             children, self._children = list(self._children.values()), {}
         for answer in waiting:
-            answer.put(None)
+            answer.put((None, None))
         for entry in children:
             _exited(*entry, -signal.SIGKILL)
 

@@ -20,9 +20,11 @@ them is safe. It talks to
 the client over two pipes, one JSON object per line:
 
 * client -> zygote (its stdin): ``{"uid": ..., "ready": ..., "env": {...}, "tie": bool}``
-* zygote -> client (a pipe whose fd is its only argument): ``{"uid": ..., "pid": N}`` once forked,
-  ``{"pid": N, "exit": code}`` when a child ends (``code`` as ``Popen.returncode``), and
-  ``{"torch_zygote": N}`` once the torch zygote is forked.
+* zygote -> client (a pipe whose fd is its only argument): ``{"uid": ..., "pid": N, "by": Z}``
+  once forked (``Z``: the zygote that forked it), ``{"pid": N, "exit": code}`` when a child
+  ends (``code`` as ``Popen.returncode``), ``{"torch_zygote": N}`` once the torch zygote is
+  forked, and ``{"torch_zygote_exit": N, "code": code}`` if it ends: its tied procs ended
+  with it.
 
 It exits when its stdin closes (the client finished or died). Children it made
 with ``tie`` die with it (parent-death signal); the others notice their owner's
@@ -88,8 +90,17 @@ class _Zygote:
     not wait for it (it used to, ~2 s here).
     """
 
-    def __init__(self, requests: int, replies: Any, proc: Any, *, with_torch_child: bool) -> None:
+    def __init__(
+        self,
+        requests: int,
+        replies: Any,
+        proc: Any,
+        *,
+        with_torch_child: bool,
+        tell: int | None = None,
+    ) -> None:
         self.requests = requests
+        self.tell = tell  # the torch zygote's: "forked <uid>" to the plain zygote
         self.replies = replies
         self.proc = proc
         self.me = os.getpid()
@@ -135,13 +146,16 @@ class _Zygote:
             _set_process_name(self.name)  # a fork of the torch zygote is a proc, not it
             _become_proc(req, self.me, self.replies, self.proc, child_dies_with_parent, settings)
         self.children.add(pid)
-        self.replies.write(json.dumps({"uid": req["uid"], "pid": pid}) + "\n")
+        if self.tell is not None:  # first: a request the client never hears of is a
+            os.write(self.tell, f"forked {req['uid']}\n".encode())  # timeout, not a twin
+        self.replies.write(json.dumps({"uid": req["uid"], "pid": pid, "by": self.me}) + "\n")
 
     def close_in_child(self) -> None:
         """In a child forked from here: the fds that are this zygote's alone."""
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for fd in (self.wake_r, self.wake_w, *(self.torch.own_fds() if self.torch else ())):
+        own = [self.wake_r, self.wake_w, *([self.tell] if self.tell is not None else [])]
+        for fd in (*own, *(self.torch.own_fds() if self.torch else ())):
             with contextlib.suppress(OSError):
                 os.close(fd)
 
@@ -155,6 +169,8 @@ class _Zygote:
                 return
             if self.torch is not None and pid == self.torch.pid:
                 self.torch.ended()
+                code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+                self.replies.write(json.dumps({"torch_zygote_exit": pid, "code": code}) + "\n")
                 continue
             self.children.discard(pid)
             code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
@@ -167,9 +183,11 @@ class _TorchZygote:
     Forked from the plain zygote once that is idle; it imports torch on its
     main thread (nothing else runs in it, so nothing is half-imported when it
     forks later), says ``ready``, then serves request lines forwarded to it,
-    writing its replies to the same pipe (one short line per write). It dies
-    with the plain zygote (parent-death signal), and its tied procs with it.
-    If it dies or its import fails, the plain zygote goes on forking itself.
+    writing its replies to the client's pipe (one short line per write). It
+    dies with the plain zygote (parent-death signal), and its tied procs with
+    it. It tells the plain zygote ``forked <uid>`` before answering the client,
+    so if it dies (the OOM killer likes big processes), the plain zygote forks
+    the requests it had not taken yet itself, and goes on forking from then on.
     """
 
     def __init__(self, parent: _Zygote) -> None:
@@ -177,14 +195,16 @@ class _TorchZygote:
         self.pid: int | None = None
         self.ready = False
         self.over = False  # ended or failed: the plain zygote forks from now on
-        self._ready_r: int | None = None  # "ready" comes on it (EOF: it died first)
+        self._told_r: int | None = None  # "ready", then "forked <uid>" lines; EOF: gone
+        self._told = b""
         self._requests_w: int | None = None
+        self._forwarded: dict[str, dict] = {}  # uid -> request not yet forked by it
 
     def fds(self) -> list[int]:
-        return [self._ready_r] if self._ready_r is not None else []
+        return [self._told_r] if self._told_r is not None else []
 
     def own_fds(self) -> list[int]:
-        return [fd for fd in (self._ready_r, self._requests_w) if fd is not None]
+        return [fd for fd in (self._told_r, self._requests_w) if fd is not None]
 
     def select_timeout(self) -> float | None:
         return PRELOAD_WHEN_IDLE if self.pid is None and not self.over else None
@@ -192,45 +212,78 @@ class _TorchZygote:
     def step(self, idle: bool, readable: list[int]) -> None:
         if idle and self.pid is None and not self.over:
             self._start()
-        if self._ready_r is not None and self._ready_r in readable:
-            said = os.read(self._ready_r, 64)
-            os.close(self._ready_r)
-            self._ready_r = None
-            if said.startswith(b"ready"):
-                self.ready = True
-            else:
+        if self._told_r is not None and self._told_r in readable:
+            self._read_told()
+
+    def _read_told(self) -> None:
+        """What it said since we last looked; on EOF (it is gone), end it."""
+        assert self._told_r is not None
+        while True:
+            try:
+                chunk = os.read(self._told_r, 65536)
+            except BlockingIOError:
+                break
+            if not chunk:
                 self.ended()
+                return
+            self._told += chunk
+        *lines, self._told = self._told.split(b"\n")
+        for line in lines:
+            if line == b"ready":
+                self.ready = True
+            elif line.startswith(b"forked "):
+                self._forwarded.pop(line[7:].decode(), None)
 
     def take(self, line: bytes) -> bool:
         """Forward a request line if ready; False: the caller forks it itself."""
         if not self.ready or self._requests_w is None:
             return False
+        req = json.loads(line)
+        self._forwarded[req["uid"]] = req
         data = memoryview(line + b"\n")
         try:
             while data:  # blocking: a full pipe waits
                 data = data[os.write(self._requests_w, data) :]
             return True
-        except OSError:  # it is gone
+        except OSError:  # it is gone: ended() hands this request back too
             self.ended()
-            return False
+            return True
 
     def ended(self) -> None:
+        """It is gone: fork here what it had not forked yet, and from now on all."""
+        if self.over:
+            return
+        if self._told_r is not None:
+            self._read_told_rest()
         self.ready, self.over = False, True
         for fd in self.own_fds():
             with contextlib.suppress(OSError):
                 os.close(fd)
-        self._ready_r = self._requests_w = None
+        self._told_r = self._requests_w = None
+        left, self._forwarded = list(self._forwarded.values()), {}
+        for req in left:
+            self.parent.fork_proc(req)
+
+    def _read_told_rest(self) -> None:
+        assert self._told_r is not None
+        with contextlib.suppress(OSError):
+            while chunk := os.read(self._told_r, 65536):  # non-blocking: what is there
+                self._told += chunk
+        for line in self._told.split(b"\n"):
+            if line.startswith(b"forked "):
+                self._forwarded.pop(line[7:].decode(), None)
+        self._told = b""
 
     def _start(self) -> None:
         parent = self.parent
         requests_r, requests_w = os.pipe()
-        ready_r, ready_w = os.pipe()
+        told_r, told_w = os.pipe()
         parent.replies.flush()
         pid = os.fork()
         if pid == 0:
             try:
                 os.close(requests_w)
-                os.close(ready_r)
+                os.close(told_r)
                 signal.set_wakeup_fd(-1)
                 for fd in (parent.wake_r, parent.wake_w):
                     os.close(fd)
@@ -241,9 +294,10 @@ class _TorchZygote:
                 os.close(devnull)
                 parent.proc.preimport_torch()
                 gc.freeze()  # forks never scan (nor, by scanning, copy) what they inherit
-                os.write(ready_w, b"ready\n")
-                os.close(ready_w)
-                _Zygote(requests_r, parent.replies, parent.proc, with_torch_child=False).serve()
+                os.write(told_w, b"ready\n")
+                _Zygote(
+                    requests_r, parent.replies, parent.proc, with_torch_child=False, tell=told_w
+                ).serve()
             except BaseException:
                 import traceback
 
@@ -251,8 +305,9 @@ class _TorchZygote:
             finally:
                 os._exit(0)
         os.close(requests_r)
-        os.close(ready_w)
-        self.pid, self._ready_r, self._requests_w = pid, ready_r, requests_w
+        os.close(told_w)
+        os.set_blocking(told_r, False)
+        self.pid, self._told_r, self._requests_w = pid, told_r, requests_w
         parent.replies.write(json.dumps({"torch_zygote": pid}) + "\n")
 
 
