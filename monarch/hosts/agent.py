@@ -124,7 +124,11 @@ class HostAgent:
             self.ns, self.uid, self.cfg.heartbeat_interval, own_connection
         )
         self.watcher = Watcher(
-            self.nc, self.ns, self.cfg.heartbeat_timeout, self.heartbeater.listen
+            self.nc,
+            self.ns,
+            self.cfg.heartbeat_timeout,
+            self.heartbeater.listen,
+            announcements=functools.partial(subscribe_ordered, self.nc),
         )
         self.heartbeater.connection_listeners.append(self._heartbeat_connection_changed)
         self._queue: asyncio.Queue[Msg] = asyncio.Queue()

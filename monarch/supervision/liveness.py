@@ -368,6 +368,12 @@ class Watcher:
     ``subscribe(subject, handler)`` may call ``handler`` on another thread
     (:meth:`Heartbeater.listen` does, on the heartbeat thread): the time a beat
     is heard is taken there, the rest is handled on the loop ``watch`` runs on.
+
+    ``announcements`` (a subscribe on the main connection): where ``dead``
+    heartbeats are taken from instead. A reaper announces a death after it
+    reported the exit (with its code) on its main connection; heard on the
+    same connection, the announcement comes after that report, never before
+    it, so a proc that exited is reported as exited, not as gone silent.
     """
 
     def __init__(
@@ -377,12 +383,15 @@ class Watcher:
         timeout: float,
         subscribe: Callable[[str, Callable[[Any], None]], Any],
         grace: float | None = None,
+        announcements: Callable[[str, Callable[[Any], None]], Any] | None = None,
     ) -> None:
         self.nc = nc
         self.namespace = namespace
         self.timeout = timeout
         self.grace = max(grace if grace is not None else timeout, timeout)
         self._subscribe = subscribe
+        self._announcements = announcements
+        self._ann_subs: dict[str, Any] = {}
         self._last: dict[str, float] = {}
         self._callbacks: dict[str, list[Callable[[str, str], None]]] = {}
         self._subs: dict[str, Any] = {}
@@ -412,11 +421,22 @@ class Watcher:
         self._subs[uid] = await self._subscribe(
             subject, lambda msg, uid=uid: self._on_beat(uid, msg)
         )
+        if self._announcements is not None:
+            self._ann_subs[uid] = await self._announcements(
+                subject, lambda msg, uid=uid: self._on_announcement(uid, msg)
+            )
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._check())
 
+    def _on_announcement(self, uid: str, msg: Any) -> None:
+        """On the loop, from the main connection: only ``dead`` beats count here."""
+        if (msg.headers or {}).get(KIND) == "dead":
+            self._handle_beat(uid, msg, time.monotonic())
+
     def _on_beat(self, uid: str, msg: Any) -> None:
         heard_at = time.monotonic()
+        if self._announcements is not None and (msg.headers or {}).get(KIND) == "dead":
+            return  # taken from the main connection, in order (_on_announcement)
         if self._loop is not None and threading.get_ident() != self._loop_thread:
             # Heard on the heartbeat thread (Heartbeater.listen): note the time at
             # once, so a loop that is busy (a backlog of calls) does not take a late
@@ -524,9 +544,10 @@ class Watcher:
                 cb(uid, reason)
             except Exception:
                 log.exception("liveness callback for %s failed", uid)
-        sub = self._subs.pop(uid, None)
-        if sub is not None:
-            asyncio.get_running_loop().create_task(sub.unsubscribe())
+        for subs in (self._subs, self._ann_subs):
+            sub = subs.pop(uid, None)
+            if sub is not None:
+                asyncio.get_running_loop().create_task(sub.unsubscribe())
 
     def pause(self, connection: str = "main") -> None:
         """Our own broker ``connection`` is down: silence says nothing about the others.
@@ -551,9 +572,10 @@ class Watcher:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-        for sub in self._subs.values():
+        for sub in [*self._subs.values(), *self._ann_subs.values()]:
             try:
                 await sub.unsubscribe()
             except Exception:
                 pass
         self._subs.clear()
+        self._ann_subs.clear()

@@ -77,7 +77,15 @@ class Supervisor:
         )
         # Heartbeats are heard on that connection too: a backlog of calls on the main
         # one must not delay them (monarch.supervision.liveness).
-        self.watcher = Watcher(rt.nc, rt.namespace, cfg.heartbeat_timeout, self.heartbeater.listen)
+        # (A reaper's "dead" announcement is taken from the main connection, where
+        # it comes after the exit report it follows.)
+        self.watcher = Watcher(
+            rt.nc,
+            rt.namespace,
+            cfg.heartbeat_timeout,
+            self.heartbeater.listen,
+            announcements=rt.subscribe_mesh,
+        )
         self.heartbeater.connection_listeners.append(self._heartbeat_connection_changed)
         self._reported: set[tuple[str, int]] = set()
         self._sub: Any = None
