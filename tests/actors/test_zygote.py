@@ -25,12 +25,8 @@ while not os.path.exists(os.environ["FAKE_TORCH_GO"]):
     time.sleep(0.02)
 """
 
-_CLIENT = """
-import json, os, sys, time
-from pathlib import Path
-from monarch.actor import Actor, endpoint, this_host
-
-
+# An actor that says which process it is in, who forked it, and whether it had torch.
+_WHERE = """
 class Where(Actor):
     def __init__(self):
         self.torch_at_start = "torch" in sys.modules
@@ -38,6 +34,15 @@ class Where(Actor):
     @endpoint
     def where(self) -> dict:
         return {"pid": os.getpid(), "ppid": os.getppid(), "torch": self.torch_at_start}
+"""
+
+_CLIENT = """
+import json, os, sys, time
+from pathlib import Path
+from monarch.actor import Actor, endpoint, this_host
+
+
+{WHERE}
 
 
 def spawn_one(name):
@@ -70,7 +75,7 @@ def test_a_spawn_during_the_torch_import_is_forked_at_once_and_later_ones_have_t
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text(_BLOCKING_TORCH)
     script = tmp_path / "client.py"
-    script.write_text(textwrap.dedent(_CLIENT))
+    script.write_text(textwrap.dedent(_CLIENT).replace("{WHERE}", _WHERE))
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(fake.parent), str(ROOT)]),
@@ -104,13 +109,7 @@ failures = []
 monarch.actor.unhandled_fault_hook = failures.append
 
 
-class Where(Actor):
-    def __init__(self):
-        self.torch_at_start = "torch" in sys.modules
-
-    @endpoint
-    def where(self) -> dict:
-        return {"pid": os.getpid(), "ppid": os.getppid(), "torch": self.torch_at_start}
+{WHERE}
 
 
 procs = this_host().spawn_procs(per_host={"gpus": 1})
@@ -148,7 +147,7 @@ def test_when_the_torch_zygote_dies_the_first_zygote_forks_again(tmp_path, nats_
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("")  # a torch that imports at once
     script = tmp_path / "client.py"
-    script.write_text(textwrap.dedent(_CLIENT_KILLS_TORCH_ZYGOTE))
+    script.write_text(textwrap.dedent(_CLIENT_KILLS_TORCH_ZYGOTE).replace("{WHERE}", _WHERE))
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(fake.parent), str(ROOT)]),
