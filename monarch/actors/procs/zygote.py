@@ -76,8 +76,8 @@ def main() -> None:
     import monarch.actors.hosting.proc as proc  # the expensive part, done once
 
     replies = os.fdopen(int(sys.argv[1]), "w", buffering=1)
-    torch_ready = importlib.util.find_spec("torch") is not None and "torch" not in sys.modules
-    _Zygote(sys.stdin.buffer.fileno(), replies, proc, with_torch_child=torch_ready).serve()
+    torch_to_import = importlib.util.find_spec("torch") is not None and "torch" not in sys.modules
+    _Zygote(sys.stdin.buffer.fileno(), replies, proc, with_torch_child=torch_to_import).serve()
 
 
 class _Zygote:
