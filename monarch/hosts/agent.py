@@ -130,7 +130,7 @@ class HostAgent:
             self.heartbeater.listen,
             announcements=functools.partial(subscribe_ordered, self.nc),
         )
-        self.heartbeater.connection_listeners.append(self._heartbeat_connection_changed)
+        self.watcher.follow(self.heartbeater, self.loop)
         self._queue: asyncio.Queue[Msg] = asyncio.Queue()
         self._sub = await subscribe_ordered(
             self.nc, subjects.ctl_host(self.ns, self.uid), self._queue.put_nowait
@@ -151,12 +151,6 @@ class HostAgent:
         # are back (procs give up on their own after MONARCH_BROKER_LOST_TIMEOUT).
         if hasattr(self, "watcher"):
             self.watcher.pause()
-
-    def _heartbeat_connection_changed(self, connected: bool) -> None:
-        """On the heartbeat thread: while its connection is down we hear no owner."""
-        change = self.watcher.resume if connected else self.watcher.pause
-        with contextlib.suppress(RuntimeError):  # the loop has ended: we are exiting
-            self.loop.call_soon_threadsafe(change, "heartbeat")
 
     async def _on_reconnected(self) -> None:
         if hasattr(self, "watcher"):

@@ -566,6 +566,19 @@ class Watcher:
         for uid in self._last:
             self._last[uid] = now
 
+    def follow(self, heartbeater: Heartbeater, loop: asyncio.AbstractEventLoop) -> None:
+        """Pause while ``heartbeater``'s connection (where we hear beats) is down.
+
+        Its listeners run on the heartbeat thread; the change is made on ``loop``.
+        """
+
+        def changed(up: bool) -> None:
+            change = self.resume if up else self.pause
+            with contextlib.suppress(RuntimeError):  # the loop has ended: we are exiting
+                loop.call_soon_threadsafe(change, "heartbeat")
+
+        heartbeater.connection_listeners.append(changed)
+
     def is_dead(self, uid: str) -> bool:
         return uid in self._dead
 

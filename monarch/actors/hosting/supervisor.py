@@ -86,7 +86,7 @@ class Supervisor:
             self.heartbeater.listen,
             announcements=rt.subscribe_mesh,
         )
-        self.heartbeater.connection_listeners.append(self._heartbeat_connection_changed)
+        self.watcher.follow(self.heartbeater, rt.loop)
         self._reported: set[tuple[str, int]] = set()
         self._sub: Any = None
         self._lost_timer: Any = None
@@ -128,14 +128,6 @@ class Supervisor:
             self.dispatch(failure)
         else:
             self.rt.publish(subject, body, headers)
-
-    def _heartbeat_connection_changed(self, connected: bool) -> None:
-        """On the heartbeat thread: while its connection is down we hear nobody."""
-        change = self.watcher.resume if connected else self.watcher.pause
-        try:
-            self.rt.loop.call_soon_threadsafe(change, "heartbeat")
-        except RuntimeError:  # the loop has ended: the process is exiting
-            pass
 
     def connection_changed(self, connected: bool) -> None:
         """Broker lost: fail calls in flight (their messages may be lost) and start the clock."""

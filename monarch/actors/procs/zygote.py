@@ -212,20 +212,24 @@ class _TorchZygote:
     def step(self, idle: bool, readable: list[int]) -> None:
         if idle and self.pid is None and not self.over:
             self._start()
-        if self._told_r is not None and self._told_r in readable:
-            self._read_told()
+        if self._told_r is not None and self._told_r in readable and self._read_told():
+            self.ended()
 
-    def _read_told(self) -> None:
-        """What it said since we last looked; on EOF (it is gone), end it."""
+    def _read_told(self) -> bool:
+        """Take in what it said since we last looked; True once it is gone (EOF)."""
         assert self._told_r is not None
+        gone = False
         while True:
             try:
-                chunk = os.read(self._told_r, 65536)
+                chunk = os.read(self._told_r, 65536)  # non-blocking
             except BlockingIOError:
                 break
+            except OSError:
+                gone = True
+                break
             if not chunk:
-                self.ended()
-                return
+                gone = True
+                break
             self._told += chunk
         *lines, self._told = self._told.split(b"\n")
         for line in lines:
@@ -233,6 +237,7 @@ class _TorchZygote:
                 self.ready = True
             elif line.startswith(b"forked "):
                 self._forwarded.pop(line[7:].decode(), None)
+        return gone
 
     def take(self, line: bytes) -> bool:
         """Forward a request line if ready; False: the caller forks it itself."""
@@ -254,7 +259,7 @@ class _TorchZygote:
         if self.over:
             return
         if self._told_r is not None:
-            self._read_told_rest()
+            self._read_told()  # what it forked before it went
         self.ready, self.over = False, True
         for fd in self.own_fds():
             with contextlib.suppress(OSError):
@@ -263,16 +268,6 @@ class _TorchZygote:
         left, self._forwarded = list(self._forwarded.values()), {}
         for req in left:
             self.parent.fork_proc(req)
-
-    def _read_told_rest(self) -> None:
-        assert self._told_r is not None
-        with contextlib.suppress(OSError):
-            while chunk := os.read(self._told_r, 65536):  # non-blocking: what is there
-                self._told += chunk
-        for line in self._told.split(b"\n"):
-            if line.startswith(b"forked "):
-                self._forwarded.pop(line[7:].decode(), None)
-        self._told = b""
 
     def _start(self) -> None:
         parent = self.parent
