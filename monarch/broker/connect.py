@@ -19,6 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import nats
 from nats.aio.client import Client
 
+from monarch.broker import fast_headers
 from monarch.broker.auth import secure
 from monarch.broker.config import Settings
 
@@ -143,5 +144,6 @@ async def connect(
             f"cannot connect to the broker at {redact(url)}: {causes} ({hint})"
         ) from e
     nc.options["max_reconnect_attempts"] = -1
+    fast_headers.install(nc)  # before secure(): a signing wrapper calls through to it
     secure(nc, cfg)
     return nc
