@@ -7,7 +7,8 @@ For each variant (default: the plain settings, ``busy_poll`` =
 ``MONARCH_BUSY_POLL_US=1000``, ``heartbeat_5s`` = heartbeats every 5 s, and
 ``async_endpoint`` = the same echo as an ``async def`` endpoint),
 interleaved over ``--runs`` rounds, a fresh client process spawns 4 procs with
-an ``Echo`` actor each (as S1 of ``compare/run.py``), warms up with 300 calls,
+an ``Echo`` actor each (as S1 of ``compare/run.py``), idles ``SETTLE`` seconds
+(as compare/run.py does, so the runtime's start-up work is over), warms up with 300 calls,
 then makes ``--calls`` ``call_one`` round trips to one of them and reports:
 
 * latency percentiles (p50, p90, p99, p99.9, max) and a histogram;
@@ -36,6 +37,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+SETTLE = 8.0  # seconds of idling after the spawn, before the calls
 EDGES_US = [0, 300, 400, 500, 600, 700, 800, 1000, 1500, 2000, 3000, 5000, 10000]
 DEFAULT_VARIANTS = {
     "plain": {},
@@ -119,6 +121,9 @@ def child(calls: int) -> None:
             continue
         if b"nats-server" in cmd and ppid == os.getpid():
             broker = int(pid)
+    # Measure the steady state: our zygote forks its torch zygote once idle, and that
+    # import (~2 s of CPU) must not land in the calls (benchmarks/NOTES.md entry 29).
+    time.sleep(SETTLE)
     for i in range(300):
         one.ping.call_one(i).get(60)
 

@@ -23,8 +23,11 @@ KILL_WAIT = 60.0  # S7: how long to wait for the in-flight call to raise
 N_PROCS = 4
 TENSOR_BYTES = 64 * 2**20  # S6
 
-FULL = dict(warmup=200, latency=2000, pipelined=10_000, rounds=1000, fire=10_000, tensor_reps=5)
-QUICK = dict(warmup=20, latency=200, pipelined=1000, rounds=100, fire=1000, tensor_reps=2)
+# settle: seconds of idling after the first spawn, before S1 (see scenarios_monarch_api.py)
+FULL = dict(warmup=200, latency=2000, pipelined=10_000, rounds=1000, fire=10_000, tensor_reps=5,
+            settle=8.0)  # fmt: skip
+QUICK = dict(warmup=20, latency=200, pipelined=1000, rounds=100, fire=1000, tensor_reps=2,
+             settle=0.0)  # fmt: skip
 
 
 def parse_args(doc: str) -> argparse.Namespace:

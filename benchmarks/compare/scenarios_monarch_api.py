@@ -146,6 +146,11 @@ def main() -> None:
             rep.emit(s, "skipped", None, "", error="the first 4-proc spawn failed")
         return
     mesh, one = state["mesh"], state["one"]
+    # S1-S4 measure the steady state. What a runtime does once it is idle after
+    # its first spawn happens now, not during S1: ours forks its torch zygote,
+    # which imports torch, ~2 s of CPU that took call_one's p99 from ~0.9 to
+    # ~3 ms on 2 cores (benchmarks/NOTES.md entry 29). Both frameworks wait alike.
+    time.sleep(c["settle"])
 
     def s1() -> None:
         p50, p99 = latencies_us(

@@ -92,6 +92,7 @@ def main() -> None:
 
 def run_rest(rep: Reporter, c: dict, actors: list) -> None:
     one = actors[0]
+    time.sleep(c["settle"])  # as the Monarch API script: S1-S4 measure the steady state
 
     def s1() -> None:
         p50, p99 = latencies_us(
