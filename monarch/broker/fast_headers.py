@@ -18,15 +18,17 @@ the same dictionaries in about a third of the time:
 :func:`install` puts them on one nats-py connection (instance attributes,
 so nats-py itself and other clients in the process are untouched). The two
 methods it replaces are nats-py internals (``Client._send_publish``,
-``Client._parse_header_lines``); where a nats-py version lacks either, the
-connection keeps nats-py's own, which is slower but says the same.
+``Client._parse_header_lines``). Before the first install a process checks,
+once, that the installed nats-py writes and reads a sample message exactly as
+these functions do; where it lacks either method or differs, connections keep
+nats-py's own code, which is slower but cannot disagree with itself.
 ``tests/broker/test_fast_headers.py`` checks byte for byte against the
-installed nats-py's own code, so a nats-py that changes its format fails a
-test instead of drifting.
+installed nats-py over many more cases.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from types import MethodType
 from typing import Any
@@ -103,7 +105,7 @@ async def _send_publish(
     payload_size: int,
     headers: dict[str, Any] | None,
 ) -> None:
-    """nats-py's ``Client._send_publish`` (2.9-2.16), with the header block built here."""
+    """nats-py's ``Client._send_publish`` (as of 2.16), with the header block built here."""
     if subject == "":
         raise errors.BadSubjectError
     if headers is None:
@@ -117,10 +119,40 @@ async def _send_publish(
         await self._flush_pending()
 
 
+_SAMPLE_HEADERS = {" Mon-Kind": "reply ", "Mon-Rank": "0", "Mon-From": "a.b[0]", "X": "c\r\nd"}
+
+
+@functools.cache
+def agrees_with_nats_py() -> bool:
+    """Whether the installed nats-py writes and reads a sample message as this module does."""
+    try:
+        nc = Client()
+        sent: list[bytes] = []
+
+        async def capture(cmd: bytes) -> None:
+            sent.append(cmd)
+
+        nc._send_command = capture  # type: ignore[method-assign]
+        nc._flush_queue = None
+        coro = Client._send_publish(nc, "mon.x", "_INBOX.y", b"body", 4, _SAMPLE_HEADERS)
+        try:
+            coro.send(None)
+        except StopIteration:
+            pass
+        else:  # it waited for something: not the nats-py this module knows
+            coro.close()
+            return False
+        ours = build_hpub("mon.x", "_INBOX.y", b"body", _SAMPLE_HEADERS)
+        block = header_block(_SAMPLE_HEADERS)[len(b"NATS/1.0\r\n") :]
+        return sent == [ours] and Client._parse_header_lines(block) == parse_header_lines(block)
+    except Exception:
+        return False
+
+
 def install(nc: Client) -> bool:
     """Give ``nc`` the faster header code; False (and nc untouched) if nats-py differs."""
     needed = ("_send_publish", "_parse_header_lines", "_send_command", "_flush_queue", "stats")
-    if not all(hasattr(nc, name) for name in needed) or not hasattr(command, "hpub_cmd"):
+    if not all(hasattr(nc, name) for name in needed) or not agrees_with_nats_py():
         return False
     nc._send_publish = MethodType(_send_publish, nc)  # type: ignore[method-assign]
     nc._parse_header_lines = parse_header_lines  # type: ignore[method-assign]

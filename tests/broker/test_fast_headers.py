@@ -94,6 +94,25 @@ def test_a_nats_py_without_the_internals_keeps_its_own_code():
     assert stranger._parse_header_lines is None
 
 
+def test_a_nats_py_that_writes_differently_keeps_its_own_code(monkeypatch):
+    """A future nats-py that changed its format: the self-check at first install says no."""
+    original = Client._send_publish
+
+    async def differently(self, subject, reply, payload, size, headers):  # type: ignore[no-untyped-def]
+        await original(self, subject, reply, payload + b"!", size + 1, headers)
+
+    monkeypatch.setattr(Client, "_send_publish", differently)
+    fast_headers.agrees_with_nats_py.cache_clear()
+    try:
+        nc = Client()
+        assert fast_headers.install(nc) is False
+        assert "_send_publish" not in vars(nc) and "_parse_header_lines" not in vars(nc)
+    finally:
+        fast_headers.agrees_with_nats_py.cache_clear()  # the real nats-py is checked anew
+    monkeypatch.undo()
+    assert fast_headers.install(Client()) is True
+
+
 def test_headers_cross_the_broker_between_our_code_and_plain_nats_py(nats_url):
     """Through a real nats-server, each way: what one side sends the other reads alike."""
 
