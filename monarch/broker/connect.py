@@ -144,6 +144,6 @@ async def connect(
             f"cannot connect to the broker at {redact(url)}: {causes} ({hint})"
         ) from e
     nc.options["max_reconnect_attempts"] = -1
-    fast_headers.install(nc)  # before secure(): a signing wrapper calls through to it
+    fast_headers.install(nc)  # cheaper header code for what this connection sends and reads
     secure(nc, cfg)
     return nc

@@ -2,12 +2,13 @@
 
 Every message here carries a few ``Mon-*`` headers, and on this project's
 hot paths (a ``call_one`` round trip, a broadcast answered by every proc)
-nats-py's own header code was the largest single Python cost per message
-(benchmarks/NOTES.md entry 29): building a four-header block took ~12 us
+nats-py's own header code was a large Python cost per message
+(benchmarks/NOTES.md entry 29): building a four-header block took ~8 us
 (a regular-expression match, a ``translate`` and two ``bytearray.extend``
-per header) and parsing one ~10 us (a generator step per character of each
+per header) and parsing one ~8 us (a generator step per character of each
 key to look for whitespace). The functions here produce the same bytes and
-the same dictionaries in about a third of the time:
+the same dictionaries in about half (building) and two thirds (parsing) of
+the time:
 
 * :func:`build_hpub` keeps nats-py's checks (a key must be an HTTP token, a
   value loses surrounding blanks and any CR/LF) but remembers the keys it
