@@ -74,6 +74,11 @@ class Settings(BaseModel):
         "message (0: sleep at once). Pays only where waking a sleeping core is slow "
         "(benchmarks/NOTES.md 16 and 26); 1000 there.",
     )
+    direct_read: bool = Field(
+        True,
+        description="Parse what the broker sends in the socket's callback, not in nats-py's "
+        "reader task (monarch.broker.direct_read; benchmarks/NOTES.md 30).",
+    )
     flow_batch: int = Field(1000, ge=1, description="Messages between two flow markers.")
     flow_window: int = Field(16, ge=1, description="Unanswered flow markers before a sender waits.")
     connect_timeout: float = Field(

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import nats
 from nats.aio.client import Client
 
-from monarch.broker import fast_headers
+from monarch.broker import direct_read, fast_headers
 from monarch.broker.auth import secure
 from monarch.broker.config import Settings
 
@@ -145,5 +145,6 @@ async def connect(
         ) from e
     nc.options["max_reconnect_attempts"] = -1
     fast_headers.install(nc)  # cheaper header code for what this connection sends and reads
+    direct_read.install(nc)  # what arrives is parsed at once, not on a task's next turn
     secure(nc, cfg)
     return nc

@@ -35,6 +35,7 @@ from monarch.broker import batch, subjects
 from monarch.broker import headers as hdr
 from monarch.broker.config import Settings
 from monarch.broker.connect import connect
+from monarch.broker.inline import run_inline
 from monarch.broker.intake import subscribe_ordered
 from monarch.core.busy_poll import WAIT_HEADER, BusyPoll
 from monarch.core.future import mark_loop_thread
@@ -314,46 +315,13 @@ class Runtime:
     ) -> None:
         """Run nats-py's ``publish`` coroutine right here, without a task switch.
 
-        It queues the message's bytes before its first (rare) suspension, a
-        forced flush of a full buffer, so the order of messages is fixed here
-        either way; a suspended publish is finished by a task.
+        It queues the message's bytes
+        before its first (rare) suspension, a forced flush of a full buffer, so the
+        order of messages is fixed here either way; a suspended publish is
+        finished by a task (:func:`monarch.broker.inline.run_inline`).
         """
         coro = self.nc.publish(subject, payload, reply=reply, headers=headers)
-        try:
-            yielded = coro.send(None)
-        except StopIteration:
-            return
-        except Exception as e:
-            self._publish_failed(subject, e, on_error)
-            return
-        self.loop.create_task(self._finish_publish(coro, yielded, subject, on_error))
-
-    async def _finish_publish(
-        self,
-        coro: Any,
-        yielded: Any,
-        subject: str,
-        on_error: Callable[[BaseException], None] | None,
-    ) -> None:
-        try:
-            while True:
-                if yielded is None:
-                    await asyncio.sleep(0)
-                else:
-                    # We stand where asyncio's Task would: the future came from the
-                    # coroutine's own await, which marked it blocking; clear that (as
-                    # Task does) or awaiting it here raises "await wasn't used with
-                    # future" at once, and the message is lost.
-                    yielded._asyncio_future_blocking = False
-                    try:
-                        await yielded
-                    except BaseException:
-                        pass  # the publish coroutine sees the outcome when resumed
-                yielded = coro.send(None)
-        except StopIteration:
-            return
-        except Exception as e:
-            self._publish_failed(subject, e, on_error)
+        run_inline(coro, self.loop, lambda e: self._publish_failed(subject, e, on_error))
 
     @staticmethod
     def _publish_failed(
