@@ -79,6 +79,12 @@ class Settings(BaseModel):
         description="Parse what the broker sends in the socket's callback, not in nats-py's "
         "reader task (monarch.broker.direct_read; benchmarks/NOTES.md 30).",
     )
+    write_through: bool = Field(
+        True,
+        description="Write a message to the broker's socket within its publish (a burst: the "
+        "rest at the next loop turn), not on nats-py's flusher task's turn "
+        "(monarch.broker.write_through; benchmarks/NOTES.md 30).",
+    )
     flow_batch: int = Field(1000, ge=1, description="Messages between two flow markers.")
     flow_window: int = Field(16, ge=1, description="Unanswered flow markers before a sender waits.")
     connect_timeout: float = Field(

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import nats
 from nats.aio.client import Client
 
-from monarch.broker import direct_read, fast_headers
+from monarch.broker import direct_read, fast_headers, write_through
 from monarch.broker.auth import secure
 from monarch.broker.config import Settings
 
@@ -146,5 +146,6 @@ async def connect(
     nc.options["max_reconnect_attempts"] = -1
     fast_headers.install(nc)  # cheaper header code for what this connection sends and reads
     direct_read.install(nc)  # what arrives is parsed at once, not on a task's next turn
+    write_through.install(nc)  # and what it sends leaves within the publish
     secure(nc, cfg)
     return nc

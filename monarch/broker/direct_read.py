@@ -7,9 +7,9 @@ second hand-over to the thread that waits. :func:`install` replaces the
 ``StreamReader``'s ``feed_data``, which the transport calls with each chunk,
 with a call of nats-py's own parser, so a message reaches its subscription
 (our ordered intake, :mod:`monarch.broker.intake`) in the callback that
-brought its bytes. benchmarks/NOTES.md entry 30 has what it changed
-(``call_one`` p50 -15%, p99 -25%, broadcast-and-gather +10-20%, pipelined
-calls unchanged).
+brought its bytes. benchmarks/NOTES.md entry 30 has what it changed, alone
+and with :mod:`monarch.broker.write_through` (together: ``call_one`` p50
+-6-9%, broadcast-and-gather +7-19%, pipelined calls -13-21%).
 
 Parsing almost never waits; when it does (an error callback, a JetStream
 flow-control reply) a task finishes it, and bytes that arrive meanwhile
@@ -19,7 +19,8 @@ being read while more than :data:`PAUSE_READING_AT` bytes wait so, as
 emptied ``StreamReader`` and still sees end of file and socket errors, so
 losing the server and reconnecting remain nats-py's; each new socket's
 reader is taken over when nats-py's reader task for it starts. Connecting,
-TLS, writing, PING/PONG, INFO and subscriptions stay nats-py's.
+TLS, PING/PONG, INFO and subscriptions stay nats-py's (writing:
+:mod:`monarch.broker.write_through`).
 
 What this touches are nats-py internals (``Client._read_loop``, ``_ps``, the
 TCP transport's ``_io_reader``/``_io_writer``) and ``asyncio.StreamReader``'s

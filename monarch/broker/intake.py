@@ -29,7 +29,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from monarch.broker import batch, direct_read, fast_headers
+from monarch.broker import batch, direct_read, fast_headers, write_through
 from monarch.broker.auth import MessageAuth, secure
 from monarch.broker.config import settings
 
@@ -123,6 +123,7 @@ async def subscribe_ordered(
     use_plain_header_parser()
     fast_headers.install(nc)  # what it reads (and sends) costs fewer Python steps per message
     direct_read.install(nc)  # and reaches the handler without a task switch
+    write_through.install(nc)  # its answers leave within their publish
     auth = secure(nc, settings())  # the connection's own, if connect() secured it already
     sub = await nc.subscribe(subject)
     for attr in ("_pending_queue", "_pending_size", "_pending_bytes_limit"):

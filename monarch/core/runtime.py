@@ -315,7 +315,7 @@ class Runtime:
     ) -> None:
         """Run nats-py's ``publish`` coroutine right here, without a task switch.
 
-        It queues the message's bytes
+        It queues (or writes, :mod:`monarch.broker.write_through`) the message's bytes
         before its first (rare) suspension, a forced flush of a full buffer, so the
         order of messages is fixed here either way; a suspended publish is
         finished by a task (:func:`monarch.broker.inline.run_inline`).

@@ -117,7 +117,7 @@ first = procs.spawn("first", Where).where.call_one().get(timeout=30)
 deadline = time.monotonic() + 60
 with_torch = first
 while not with_torch["torch"] and time.monotonic() < deadline:
-    time.sleep(0.2)
+    time.sleep(0.5)  # > zygote.PRELOAD_WHEN_IDLE: only an idle zygote forks its torch zygote
     more = this_host().spawn_procs(per_host={"gpus": 1})
     with_torch = more.spawn("more", Where).where.call_one().get(timeout=30)
 torch_zygote = launcher._the_zygote.torch_zygote
