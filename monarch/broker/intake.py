@@ -107,7 +107,10 @@ def use_plain_header_parser() -> None:
 async def subscribe_ordered(
     nc: Client, subject: str, handler: Handler, on_message: Handler | None = None
 ) -> Subscription:
-    """Subscribe so that ``handler`` runs inline, in wire order, on the reader task.
+    """Subscribe so that ``handler`` runs inline, in wire order, as nats-py parses.
+
+    (That is in the socket's own callback, :mod:`monarch.broker.direct_read`,
+    or where it is off, on nats-py's reader task.)
 
     ``on_message`` (if given) sees every message first (the runtime's busy poll).
 
