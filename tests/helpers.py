@@ -57,6 +57,27 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool
     return predicate()
 
 
+def run_in_own_loop(coro, timeout: float = 90.0):  # type: ignore[no-untyped-def]
+    """Run ``coro`` to its end, at most ``timeout`` s, on a loop of its own.
+
+    (asyncio.run would touch this test process's SIGINT handling.)
+    """
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(asyncio.wait_for(coro, timeout))
+    finally:
+        loop.close()
+
+
+async def until(predicate, what: str, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    """In a coroutine: wait for ``predicate()``, or fail naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        await asyncio.sleep(0.01)
+
+
 @contextlib.contextmanager
 def captured_traffic(url: str, subject: str = "mon.default.>"):
     """Collect ``(subject, headers, data)`` of every message on ``subject`` while inside.

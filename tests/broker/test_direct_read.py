@@ -21,25 +21,7 @@ from monarch.broker.config import settings
 from monarch.broker.connect import connect
 from monarch.broker.intake import subscribe_ordered
 from monarch.broker.server import EmbeddedBroker, free_port
-
-TIMEOUT = 10.0
-
-
-def _run(coro):  # type: ignore[no-untyped-def]
-    """A loop of its own (asyncio.run would touch this test process's SIGINT handling)."""
-    loop = asyncio.new_event_loop()
-    try:
-        return loop.run_until_complete(asyncio.wait_for(coro, 60))
-    finally:
-        loop.close()
-
-
-async def _until(predicate, what: str) -> None:  # type: ignore[no-untyped-def]
-    for _ in range(int(TIMEOUT / 0.01)):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"not within {TIMEOUT} s: {what}")
+from tests.helpers import run_in_own_loop, until
 
 
 def _reader_task_parked(nc: Client) -> bool:
@@ -61,7 +43,7 @@ def test_a_message_reaches_its_handler_in_the_callback_that_brought_it(nats_url,
             await receiver.flush()
             for i in range(20):
                 await sender.publish("direct.where", b"%d" % i)
-            await _until(lambda: len(tasks) == 20, "20 messages")
+            await until(lambda: len(tasks) == 20, "20 messages")
             if direct:
                 assert receiver._monarch_direct_read.reader is receiver._transport._io_reader
                 assert not receiver._transport._io_reader._buffer  # nothing left for nats-py
@@ -71,11 +53,11 @@ def test_a_message_reaches_its_handler_in_the_callback_that_brought_it(nats_url,
             await receiver.close()
         return tasks
 
-    assert set(_run(handler_tasks(direct=True))) == {None}
+    assert set(run_in_own_loop(handler_tasks(direct=True))) == {None}
     monkeypatch.setenv("MONARCH_DIRECT_READ", "0")
     settings.cache_clear()
     try:
-        (task,) = set(_run(handler_tasks(direct=False)))
+        (task,) = set(run_in_own_loop(handler_tasks(direct=False)))
     finally:
         monkeypatch.undo()
         settings.cache_clear()
@@ -101,14 +83,14 @@ def test_order_holds_across_subjects_reads_and_large_messages(nats_url):
             for n in range(3000):  # every 97th message is 200 kB: many TCP reads
                 body = b"%08d" % n + b"x" * (200_000 if n % 97 == 0 else n % 300)
                 await sender.publish(f"direct.order.{'ab'[n % 2]}", body)
-            await _until(lambda: len(got["all"]) == 3000, "3000 messages")
+            await until(lambda: len(got["all"]) == 3000, "3000 messages")
             assert receiver._monarch_direct_read.reader is receiver._transport._io_reader
         finally:
             await sender.close()
             await receiver.close()
         return got
 
-    got = _run(main())
+    got = run_in_own_loop(main())
     assert got["all"] == list(range(3000))  # one connection, one order, as sent
     assert got["a"] == list(range(0, 3000, 2)) and got["b"] == list(range(1, 3000, 2))
 
@@ -136,7 +118,7 @@ def test_a_parse_that_waits_loses_and_reorders_nothing(nats_url, monkeypatch):
         got: list[int] = []
         try:
             assert direct_read.install(nc)
-            await _until(lambda: nc._monarch_direct_read.reader is not None, "reader taken")
+            await until(lambda: nc._monarch_direct_read.reader is not None, "reader taken")
 
             async def slow(msg):  # type: ignore[no-untyped-def]
                 await asyncio.sleep(1)
@@ -151,15 +133,15 @@ def test_a_parse_that_waits_loses_and_reorders_nothing(nats_url, monkeypatch):
                 await sender.publish("direct.fast", b"%08d" % n + b"y" * 64)
             await sender.flush()
             direct = nc._monarch_direct_read
-            await _until(lambda: len(got) == 2000 and direct.parsing is None, "all 2000")
+            await until(lambda: len(got) == 2000 and direct.parsing is None, "all 2000")
             await sender.publish("direct.fast", b"%08d" % 2000)
-            await _until(lambda: len(got) == 2001, "one more")
+            await until(lambda: len(got) == 2001, "one more")
             return got, len(waited), sum(waited), sum(paused), not nc._transport._io_writer.transport.is_reading()
         finally:
             await sender.close()
             await nc.close()
 
-    got, callbacks, waited_in_task, paused, paused_at_end = _run(main())
+    got, callbacks, waited_in_task, paused, paused_at_end = run_in_own_loop(main())
     assert got == list(range(2001))
     assert callbacks > 0 and waited_in_task == callbacks  # each wait was finished by a task
     assert paused > 0 and not paused_at_end  # reading stopped while it waited, and resumed
@@ -187,12 +169,12 @@ def test_reading_is_taken_over_again_after_the_broker_comes_back():
 
             await subscribe_ordered(nc, "direct.again", handler)
             await nc.publish("direct.again", b"before")
-            await _until(lambda: got == [b"before"], "a message before")
+            await until(lambda: got == [b"before"], "a message before")
             await asyncio.get_running_loop().run_in_executor(None, broker.stop)
             await asyncio.get_running_loop().run_in_executor(None, broker.start)
-            await _until(lambda: reconnects, "a reconnect")
+            await until(lambda: reconnects, "a reconnect")
             await nc.publish("direct.again", b"after")
-            await _until(lambda: got == [b"before", b"after"], "a message after")
+            await until(lambda: got == [b"before", b"after"], "a message after")
             assert nc._transport._io_reader is not first_reader
             assert nc._monarch_direct_read.reader is nc._transport._io_reader
             assert tasks == {None}
@@ -201,13 +183,13 @@ def test_reading_is_taken_over_again_after_the_broker_comes_back():
             sid = next(iter(nc._subs))
             first_reader.feed_data(b"MSG direct.again %d 5\r\nstale\r\n" % sid)
             await nc.publish("direct.again", b"last")
-            await _until(lambda: got[-1] == b"last", "the last message")
+            await until(lambda: got[-1] == b"last", "the last message")
             return got, len(reconnects)
         finally:
             await nc.close()
 
     try:
-        got, reconnects = _run(main())
+        got, reconnects = run_in_own_loop(main())
     finally:
         broker.stop()
     assert got == [b"before", b"after", b"last"] and reconnects == 1
@@ -255,19 +237,19 @@ def test_bytes_that_break_the_protocol_end_in_a_reconnect_not_a_deaf_connection(
         got: list[bytes] = []
         try:
             await subscribe_ordered(nc, "direct.garbled", lambda m: got.append(m.data))
-            await _until(lambda: nc._monarch_direct_read.reader is not None, "reader taken")
+            await until(lambda: nc._monarch_direct_read.reader is not None, "reader taken")
             garble.set()
             await nc.publish("direct.garbled", b"lost with the broken stream, or not")
-            await _until(lambda: reconnects, "a reconnect after the garbage")
+            await until(lambda: reconnects, "a reconnect after the garbage")
             await nc.publish("direct.garbled", b"after")
-            await _until(lambda: got and got[-1] == b"after", "a message after the reconnect")
+            await until(lambda: got and got[-1] == b"after", "a message after the reconnect")
             assert nc._monarch_direct_read.reader is nc._transport._io_reader
             return got, len(reconnects)
         finally:
             await nc.close()
             proxy.close()
 
-    got, reconnects = _run(main())
+    got, reconnects = run_in_own_loop(main())
     assert reconnects == 1 and got[-1] == b"after"
 
 
@@ -286,7 +268,7 @@ def test_a_connection_it_cannot_read_directly_is_left_as_nats_py_made_it(nats_ur
             finally:
                 await nc.close()
 
-        assert _run(main()) is False
+        assert run_in_own_loop(main()) is False
     finally:
         monkeypatch.undo()
         settings.cache_clear()

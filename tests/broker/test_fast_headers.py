@@ -6,7 +6,6 @@ changes its header format fails here rather than drifting apart from ours.
 
 from __future__ import annotations
 
-import asyncio
 import types
 
 import nats
@@ -17,15 +16,7 @@ from nats import errors
 from nats.aio.client import Client
 
 from monarch.broker import fast_headers
-
-
-def _run(coro):  # type: ignore[no-untyped-def]
-    """A loop of its own (asyncio.run would touch this test process's SIGINT handling)."""
-    loop = asyncio.new_event_loop()
-    try:
-        return loop.run_until_complete(coro)
-    finally:
-        loop.close()
+from tests.helpers import run_in_own_loop
 
 
 def _hpub_by(install: bool, subject: str, reply: str, payload: bytes, headers: dict) -> bytes:
@@ -40,7 +31,7 @@ def _hpub_by(install: bool, subject: str, reply: str, payload: bytes, headers: d
 
     nc._send_command = capture  # type: ignore[method-assign]
     nc._flush_queue = None
-    _run(nc._send_publish(subject, reply, payload, len(payload), headers))
+    run_in_own_loop(nc._send_publish(subject, reply, payload, len(payload), headers))
     (cmd,) = sent
     return cmd
 
@@ -134,7 +125,7 @@ def test_headers_cross_the_broker_between_our_code_and_plain_nats_py(nats_url):
             await plain.close()
         return got
 
-    pairs = _run(main())
+    pairs = run_in_own_loop(main())
     assert len(pairs) == 10
     for (sent, ours_to_plain), (_, plain_to_ours) in zip(pairs[:5], pairs[5:]):
         expected = {

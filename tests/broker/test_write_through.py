@@ -20,25 +20,9 @@ from monarch.broker.config import settings
 from monarch.broker.connect import connect
 from monarch.broker.intake import subscribe_ordered
 from monarch.broker.server import EmbeddedBroker, free_port
+from tests.helpers import run_in_own_loop, until
 
 TIMEOUT = 10.0
-
-
-def _run(coro):  # type: ignore[no-untyped-def]
-    """A loop of its own (asyncio.run would touch this test process's SIGINT handling)."""
-    loop = asyncio.new_event_loop()
-    try:
-        return loop.run_until_complete(asyncio.wait_for(coro, 90))
-    finally:
-        loop.close()
-
-
-async def _until(predicate, what: str) -> None:  # type: ignore[no-untyped-def]
-    for _ in range(int(TIMEOUT / 0.01)):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"not within {TIMEOUT} s: {what}")
 
 
 def _publish_here(nc: Client, subject: str, body: bytes) -> None:
@@ -67,19 +51,19 @@ def test_the_first_message_of_a_turn_leaves_at_once_the_rest_at_the_next_turn(
                 queued.append(len(nc._pending))
             await asyncio.sleep(0)  # one turn of the loop
             queued.append(len(nc._pending))
-            await _until(lambda: len(got) == 5, "5 messages")
+            await until(lambda: len(got) == 5, "5 messages")
         finally:
             await nc.close()
         return queued, got
 
-    queued, got = _run(burst())
+    queued, got = run_in_own_loop(burst())
     assert queued == [0, 1, 2, 3, 4, 0]  # the first went within its publish, the rest a turn on
     assert got == [b"0", b"1", b"2", b"3", b"4"]
 
     monkeypatch.setenv("MONARCH_WRITE_THROUGH", "0")
     settings.cache_clear()
     try:
-        queued, got = _run(burst())
+        queued, got = run_in_own_loop(burst())
     finally:
         monkeypatch.undo()
         settings.cache_clear()
@@ -126,7 +110,7 @@ def test_a_broker_that_stops_reading_gets_nats_py_back_pressure_and_loses_nothin
             finally:
                 os.kill(broker.pid, signal.SIGCONT)
             await asyncio.wait_for(flooding, TIMEOUT)
-            await _until(lambda: len(got) == 300, "300 messages of 100 kB")
+            await until(lambda: len(got) == 300, "300 messages of 100 kB")
             assert not sender._pending and not sender._pending_data_size
             return got, list(fallbacks)  # before close(), which calls it too
         finally:
@@ -134,7 +118,7 @@ def test_a_broker_that_stops_reading_gets_nats_py_back_pressure_and_loses_nothin
             await receiver.close()
 
     try:
-        got, fell_back = _run(main())
+        got, fell_back = run_in_own_loop(main())
     finally:
         broker.stop()
     assert got == list(range(300))
@@ -166,21 +150,21 @@ def test_messages_published_while_the_broker_is_down_leave_after_it_is_back_in_o
         try:
             await subscribe_ordered(nc, "through.restart", lambda m: got.append(m.data))
             await nc.publish("through.restart", b"before")
-            await _until(lambda: got == [b"before"], "a message before")
+            await until(lambda: got == [b"before"], "a message before")
             await asyncio.get_running_loop().run_in_executor(None, broker.stop)
-            await _until(lambda: not nc.is_connected, "the connection notices")
+            await until(lambda: not nc.is_connected, "the connection notices")
             for n in range(3):  # nats-py keeps these for the reconnect
                 await nc.publish("through.restart", b"while down %d" % n)
             await asyncio.get_running_loop().run_in_executor(None, broker.start)
             await asyncio.wait_for(back.wait(), TIMEOUT)
             await nc.publish("through.restart", b"after")
-            await _until(lambda: len(got) == 5, "all 5 messages")
+            await until(lambda: len(got) == 5, "all 5 messages")
             return got
         finally:
             await nc.close()
 
     try:
-        got = _run(main())
+        got = run_in_own_loop(main())
     finally:
         broker.stop()
     assert got == [b"before", b"while down 0", b"while down 1", b"while down 2", b"after"]
@@ -201,7 +185,7 @@ def test_a_connection_it_cannot_write_through_is_left_as_nats_py_made_it(nats_ur
             finally:
                 await nc.close()
 
-        assert _run(main()) is False
+        assert run_in_own_loop(main()) is False
     finally:
         monkeypatch.undo()
         settings.cache_clear()
