@@ -10,10 +10,8 @@ reads directly again, never in a connection that hears nothing.
 from __future__ import annotations
 
 import asyncio
-import types
 
 import nats
-import pytest
 from nats.aio.client import Client
 
 from monarch.broker import direct_read
@@ -251,31 +249,3 @@ def test_bytes_that_break_the_protocol_end_in_a_reconnect_not_a_deaf_connection(
 
     got, reconnects = run_in_own_loop(main())
     assert reconnects == 1 and got[-1] == b"after"
-
-
-def test_a_connection_it_cannot_read_directly_is_left_as_nats_py_made_it(nats_url, monkeypatch):
-    assert direct_read.install(types.SimpleNamespace(is_connected=True)) is False  # type: ignore[arg-type]
-    assert direct_read.install(Client()) is False  # not connected
-
-    monkeypatch.setenv("MONARCH_DIRECT_READ", "0")
-    settings.cache_clear()
-    try:
-
-        async def main() -> bool:
-            nc = await nats.connect(nats_url)
-            try:
-                return direct_read.install(nc) or "_read_loop" in vars(nc)
-            finally:
-                await nc.close()
-
-        assert run_in_own_loop(main()) is False
-    finally:
-        monkeypatch.undo()
-        settings.cache_clear()
-
-
-@pytest.mark.parametrize("value", ["yes-please", "2"])
-def test_a_bad_setting_is_refused_by_name(value, monkeypatch):
-    monkeypatch.setenv("MONARCH_DIRECT_READ", value)
-    with pytest.raises(ValueError, match="MONARCH_DIRECT_READ"):
-        type(settings()).from_env()

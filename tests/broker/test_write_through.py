@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import types
 
 import nats
 from nats.aio.client import Client
@@ -168,24 +167,3 @@ def test_messages_published_while_the_broker_is_down_leave_after_it_is_back_in_o
     finally:
         broker.stop()
     assert got == [b"before", b"while down 0", b"while down 1", b"while down 2", b"after"]
-
-
-def test_a_connection_it_cannot_write_through_is_left_as_nats_py_made_it(nats_url, monkeypatch):
-    assert write_through.install(types.SimpleNamespace(is_connected=True)) is False  # type: ignore[arg-type]
-    assert write_through.install(Client()) is False  # not connected
-
-    monkeypatch.setenv("MONARCH_WRITE_THROUGH", "0")
-    settings.cache_clear()
-    try:
-
-        async def main() -> bool:
-            nc = await nats.connect(nats_url)
-            try:
-                return write_through.install(nc) or "_flush_pending" in vars(nc)
-            finally:
-                await nc.close()
-
-        assert run_in_own_loop(main()) is False
-    finally:
-        monkeypatch.undo()
-        settings.cache_clear()
