@@ -210,17 +210,28 @@ def auth_of(nc: Client) -> MessageAuth | None:
 def _sign_publishes(nc: Client, auth: MessageAuth) -> None:
     """Wrap this connection's ``publish``; nats-py's request and JetStream publish go through it."""
     publish = nc.publish
-    tag = auth.tag
 
     async def signed_publish(
         subject: str, payload: bytes = b"", reply: str = "", headers: dict | None = None
     ) -> None:
-        if subject.startswith(_SIGNED_PREFIX):
-            headers = dict(headers) if headers else {}
-            headers[TAG] = tag(subject, reply, headers, payload)
+        headers = signed_headers(auth, subject, reply, headers, payload)
         await publish(subject, payload, reply=reply, headers=headers)
 
     nc.publish = signed_publish  # type: ignore[method-assign]
+
+
+def signed_headers(
+    auth: MessageAuth, subject: str, reply: str, headers: dict | None, payload: Any
+) -> dict | None:
+    """``headers`` as a signing connection sends them: with the tag, on our subjects only.
+
+    A copy: the caller's dictionary (shared by a broadcast's messages) stays as it was.
+    """
+    if not subject.startswith(_SIGNED_PREFIX):
+        return headers
+    headers = dict(headers) if headers else {}
+    headers[TAG] = auth.tag(subject, reply, headers, payload)
+    return headers
 
 
 def requires_credentials(nc: Client) -> bool:

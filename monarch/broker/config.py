@@ -79,11 +79,23 @@ class Settings(BaseModel):
         description="Parse what the broker sends in the socket's callback, not in nats-py's "
         "reader task (monarch.broker.direct_read; benchmarks/NOTES.md 30).",
     )
+    fast_delivery: bool = Field(
+        True,
+        description="Deliver whole, plain MSG/HMSG frames of a received chunk to our ordered "
+        "subscriptions in one pass, not through nats-py's parser (needs direct_read; "
+        "monarch.broker.fast_delivery; benchmarks/NOTES.md 31).",
+    )
     write_through: bool = Field(
         True,
         description="Write a message to the broker's socket within its publish (a burst: the "
         "rest at the next loop turn), not on nats-py's flusher task's turn "
         "(monarch.broker.write_through; benchmarks/NOTES.md 30).",
+    )
+    sync_publish: bool = Field(
+        True,
+        description="Publish from the runtime's loop in one plain call, not through nats-py's "
+        "publish coroutines (needs write_through; monarch.broker.sync_publish; "
+        "benchmarks/NOTES.md 31).",
     )
     flow_batch: int = Field(1000, ge=1, description="Messages between two flow markers.")
     flow_window: int = Field(16, ge=1, description="Unanswered flow markers before a sender waits.")

@@ -7,7 +7,8 @@ second hand-over to the thread that waits. :func:`install` replaces the
 ``StreamReader``'s ``feed_data``, which the transport calls with each chunk,
 with a call of nats-py's own parser, so a message reaches its subscription
 (our ordered intake, :mod:`monarch.broker.intake`) in the callback that
-brought its bytes. benchmarks/NOTES.md entry 30 has what it changed, alone
+brought its bytes. Whole, plain frames for our own subscriptions skip even
+nats-py's parser (:mod:`monarch.broker.fast_delivery`, NOTES 31). benchmarks/NOTES.md entry 30 has what it changed, alone
 and with :mod:`monarch.broker.write_through` (together: ``call_one`` p50
 -6-9%, broadcast-and-gather +7-19%, pipelined calls -13-21%).
 
@@ -42,6 +43,7 @@ from nats.aio.client import Client
 from nats.aio.transport import TcpTransport
 
 from monarch.broker.config import settings
+from monarch.broker.fast_delivery import deliver_chunk
 from monarch.broker.inline import run_inline
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,7 @@ class DirectReader:
         self.parsing: asyncio.Task[None] | None = None  # a parse that waited, until it ends
         self.paused = False
         self.op_errors: set[asyncio.Task[None]] = set()
+        self.fast = settings().fast_delivery  # whole plain frames skip nats-py's parser
 
     async def read_loop(self) -> None:
         """nats-py starts this as its reader task on every reconnection."""
@@ -111,6 +114,14 @@ class DirectReader:
                 self.paused = True
                 nc._transport._io_writer.transport.pause_reading()
             return
+        if self.fast:  # whole plain frames go straight to their subscription
+            try:
+                data = deliver_chunk(nc, data)
+            except Exception as e:  # as a parse that fails: drop the socket, reconnect
+                self.parse_failed(e)
+                return
+            if not data and not ps.buf:
+                return
         task = run_inline(ps.parse(data), self.loop, self.parse_failed)
         if task is not None:
             self.parsing = task

@@ -46,6 +46,8 @@ _HEADER_KEY = getattr(nats_client, "_HEADER_KEY_RE", None) or re.compile(
 _WHITESPACE = re.compile(r"\s")  # in a str pattern: exactly what str.isspace() says
 _CRLF = b"\r\n"
 _checked_keys: dict[str, str] = {}  # a key as given -> as sent (stripped), once checked
+_plain_keys: dict[str, bool] = {}  # a key read -> whether it holds no whitespace
+_ASCII_WHITESPACE = " \t\n\r\x0b\x0c"  # what bytes.strip() strips
 
 
 def _checked_key(k: str) -> str:
@@ -83,6 +85,28 @@ def build_hpub(subject: str, reply: str, payload: bytes, headers: dict[str, Any]
 
 def parse_header_lines(raw: bytes) -> dict[str, str]:
     """What nats-py's ``Client._parse_header_lines`` returns for ``raw``."""
+    if not raw.isascii():
+        return _parse_header_bytes(raw)
+    # All ASCII (ours always are): decode once and work on str. ``bytes.strip()``
+    # strips ASCII whitespace only, so the str is stripped of exactly that.
+    out: dict[str, str] = {}
+    for line in raw.decode("ascii").split("\r\n"):
+        name, sep, value = line.partition(":")
+        if not sep:
+            continue
+        key = name.strip(_ASCII_WHITESPACE)
+        plain = _plain_keys.get(key)
+        if plain is None:
+            plain = _WHITESPACE.search(key) is None
+            if len(_plain_keys) < 4096:  # our keys are a handful; a stranger's must not grow this
+                _plain_keys[key] = plain
+        if plain:
+            out[key] = value.strip(_ASCII_WHITESPACE)
+    return out
+
+
+def _parse_header_bytes(raw: bytes) -> dict[str, str]:
+    """:func:`parse_header_lines` for a block that is not all ASCII: line by line, as nats-py."""
     out: dict[str, str] = {}
     for line in raw.split(_CRLF):
         name, sep, value = line.partition(b":")
@@ -148,6 +172,11 @@ def agrees_with_nats_py() -> bool:
         return sent == [ours] and Client._parse_header_lines(block) == parse_header_lines(block)
     except Exception:
         return False
+
+
+def installed(nc: Client) -> bool:
+    """Whether :func:`install` gave ``nc`` this module's header code."""
+    return getattr(getattr(nc, "_send_publish", None), "__func__", None) is _send_publish
 
 
 def install(nc: Client) -> bool:

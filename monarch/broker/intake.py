@@ -56,6 +56,10 @@ class _DirectQueue:
     def put_nowait(self, msg: Msg) -> None:
         # nats-py counted these bytes as pending; they are handled (or dropped) already.
         self._sub._pending_size -= len(msg.data)
+        self.deliver(msg)
+
+    def deliver(self, msg: Msg) -> None:
+        """Check, then hand ``msg`` to the handler (also called by :mod:`monarch.broker.fast_delivery`)."""
         if self._auth is not None and not self._auth.accepts(msg):
             return  # counted and warned about by accepts()
         if self._on_message is not None:

@@ -78,20 +78,32 @@ class WriteThrough:
         """nats-py's ``_flush_pending``, writing at once where it safely can."""
         if force_flush or not self.can_write():
             return await Client._flush_pending(self.nc, force_flush)
-        if self.turn_end_due:
-            return None  # a publish of this turn wrote already: this one leaves with the rest
-        self.turn_end_due = True
-        self.loop.call_soon(self.turn_end)
-        if self.nc._pending_data_size and not self.write():
+        if not self.flush_now():
             return await Client._flush_pending(self.nc, force_flush)
         return None
+
+    def flush_now(self) -> bool:
+        """Write what is queued if no publish of this turn did; False if the transport refused.
+
+        For a caller that checked :meth:`can_write`. A later publish of the
+        same turn leaves with the rest at the start of the next turn.
+        """
+        if self.turn_end_due:
+            return True  # a publish of this turn wrote already: this one leaves with the rest
+        self.turn_end_due = True
+        self.loop.call_soon(self.turn_end)
+        return not self.nc._pending_data_size or self.write()
+
+    def hand_to_flusher(self) -> None:
+        """Let nats-py's flusher write what is queued (from plain code)."""
+        run_inline(Client._flush_pending(self.nc), self.loop, self.flush_failed)
 
     def turn_end(self) -> None:
         self.turn_end_due = False
         if not self.nc._pending_data_size:
             return
         if not self.can_write() or not self.write():
-            run_inline(Client._flush_pending(self.nc), self.loop, self.flush_failed)
+            self.hand_to_flusher()
 
     @staticmethod
     def flush_failed(e: Exception) -> None:

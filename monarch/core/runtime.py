@@ -31,12 +31,13 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from monarch.broker import batch, subjects
+from monarch.broker import batch, subjects, sync_publish
 from monarch.broker import headers as hdr
 from monarch.broker.config import Settings
 from monarch.broker.connect import connect
 from monarch.broker.inline import run_inline
 from monarch.broker.intake import subscribe_ordered
+from monarch.broker.sync_publish import Publisher
 from monarch.core.busy_poll import WAIT_HEADER, BusyPoll
 from monarch.core.future import mark_loop_thread
 
@@ -108,6 +109,9 @@ class Runtime:
         self._own_port_prefix = subjects.port(cfg.namespace, proc_uid, "")
         self._own_ctl = subjects.ctl_proc(cfg.namespace, proc_uid)
         self.busy_poll = BusyPoll(loop, cfg.busy_poll_us)
+        # The connection's plain publish (monarch.broker.sync_publish), made on first use.
+        self._sync_publish_nc: Client | None = None
+        self._sync_publish: Publisher | None = None
         # Stops this process's runtime and all it started; set by whoever started
         # it (the client bootstrap), called once by shutdown_runtime().
         self.stop_process: Callable[[], None] | None = None
@@ -313,14 +317,20 @@ class Runtime:
         headers: dict[str, str] | None,
         on_error: Callable[[BaseException], None] | None,
     ) -> None:
-        """Run nats-py's ``publish`` coroutine right here, without a task switch.
+        """Publish right here, without a task switch.
 
-        It queues (or writes, :mod:`monarch.broker.write_through`) the message's bytes
+        In one plain call where the connection allows (:mod:`monarch.broker.sync_publish`),
+        else by running nats-py's ``publish`` coroutine here. It queues (or writes, :mod:`monarch.broker.write_through`) the message's bytes
         before its first (rare) suspension, a forced flush of a full buffer, so the
         order of messages is fixed here either way; a suspended publish is
         finished by a task (:func:`monarch.broker.inline.run_inline`).
         """
-        coro = self.nc.publish(subject, payload, reply=reply, headers=headers)
+        nc = self.nc
+        if nc is not self._sync_publish_nc:  # once per connection
+            self._sync_publish_nc, self._sync_publish = nc, sync_publish.publisher(nc)
+        if self._sync_publish is not None and self._sync_publish(subject, payload, reply, headers):
+            return
+        coro = nc.publish(subject, payload, reply=reply, headers=headers)
         run_inline(coro, self.loop, lambda e: self._publish_failed(subject, e, on_error))
 
     @staticmethod

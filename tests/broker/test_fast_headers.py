@@ -73,6 +73,13 @@ def test_any_header_block_parses_to_what_nats_py_parses(pieces):
     assert fast_headers.parse_header_lines(raw) == Client._parse_header_lines(raw)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([p for p in _PIECES if p.isascii()]), max_size=40))
+def test_any_ascii_header_block_parses_to_what_nats_py_parses(pieces):
+    raw = b"".join(pieces)  # all ASCII: the parser's str path (whitespace \x0b and \x1c included)
+    assert fast_headers.parse_header_lines(raw) == Client._parse_header_lines(raw)
+
+
 def test_every_ascii_character_in_a_key_is_judged_as_nats_py_judges_it():
     for code in range(128):
         raw = b"Ke" + bytes([code]) + b"y: v\r\nOk: w\r\n"
