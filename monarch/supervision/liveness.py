@@ -15,7 +15,11 @@ heartbeats come in on that same connection and thread
 (:meth:`Heartbeater.listen`), for the same reason the other way round: a proc
 flooded with messages (a client broadcasting thousands to its actors) has
 seconds of them queued on its main connection, and a heartbeat behind them
-would be read too late; its owner would look dead to it. Each
+would be read too late; its owner would look dead to it. That thread too can
+be kept from running (a CPU-starved proc whose GIL 64 busy actor threads
+take turns at), so a watcher calls a silence only once the thread has read
+its socket past the deadline (:meth:`Heartbeater.probe`; a thread that has
+not read for :data:`DEAF_LIMIT` timeouts holds nothing back). Each
 heartbeat says for how long the process's event loop has not turned
 (``Mon-Loop-Stall``, seconds; a cheap callback on the loop stamps the time it
 last ran). A watcher that hears of a loop stalled for longer than the timeout
@@ -51,6 +55,9 @@ log = logging.getLogger(__name__)
 KIND = hdr.KIND
 STALL = hdr.LOOP_STALL  # seconds the sender's event loop has not turned (0.000: it turns)
 QUIET = hdr.QUIET  # seconds of silence to allow: the sender is importing torch
+# Timeouts the thread that hears heartbeats may go without reading before a
+# watcher calls silences anyway (that thread itself stuck, not merely starved).
+DEAF_LIMIT = 10
 
 
 class LoopClock:
@@ -117,6 +124,9 @@ class Heartbeater:
         self._nc: Client | None = None  # the thread's connection (used on the thread only)
         # subject -> handler of what :meth:`listen` asked to hear (under the lock)
         self._heard: dict[str, Callable[[Any], None]] = {}
+        # Everything this thread's socket held at this time has been read (see probe()).
+        self.heard_through = time.monotonic()
+        self._probing = False  # a probe() is under way (set and cleared under the lock)
         self._nc_subs: dict[str, Any] = {}  # on the thread: subject -> nats subscription
         self._sync_lock = asyncio.Lock()  # used on the thread's loop only
         # Called on the thread with False when its connection drops and True when back.
@@ -152,6 +162,37 @@ class Heartbeater:
         except RuntimeError:  # its loop has ended
             return
         sent.wait(heavy_imports.NOTICE_WAIT)
+
+    def probe(self) -> None:
+        """From any thread: move :attr:`heard_through` up to now, once this thread has read.
+
+        For a watcher about to call a silence: heartbeats are heard on this
+        thread, and a thread kept from running (a CPU-starved process, its GIL
+        taken by busy actor threads) has not read what its socket holds. The
+        time is taken on the thread's loop and kept after two more turns of
+        it: each turn polls the socket, so whatever arrived before that time
+        has been read (and its time noted by :meth:`Watcher._on_beat`) by then.
+        """
+        with self._lock:
+            loop = self._loop
+            if loop is None or self._probing or self._stopping:
+                return
+            self._probing = True
+
+        def asked() -> None:
+            since = time.monotonic()
+            loop.call_soon(lambda: loop.call_soon(read_through, since))
+
+        def read_through(since: float) -> None:
+            with self._lock:
+                self.heard_through = max(self.heard_through, since)
+                self._probing = False
+
+        try:
+            loop.call_soon_threadsafe(asked)
+        except RuntimeError:  # its loop has ended
+            with self._lock:
+                self._probing = False
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
@@ -218,6 +259,7 @@ class Heartbeater:
                         log.debug("heartbeat not sent: %r", e)
                 for sent in waiting:
                     sent.set()
+                self.probe()  # heard_through stays fresh while this thread turns
                 try:
                     await asyncio.wait_for(wake.wait(), self.interval)
                 except asyncio.TimeoutError:
@@ -405,6 +447,7 @@ class Watcher:
         # uid -> seconds of silence its last heartbeat asked for (a heavy import under way)
         self._quiet: dict[str, float] = {}
         self._explained: set[str] = set()  # stalled uids whose heartbeats said why
+        self._hearing: Heartbeater | None = None  # whose thread hears the beats (follow())
 
     async def watch(self, uid: str, on_dead: Callable[[str, str], None]) -> None:
         if uid in self._dead:
@@ -528,8 +571,25 @@ class Watcher:
                 continue
             for uid, last in list(self._last.items()):
                 allowed = max(self.timeout, self._quiet.get(uid, 0.0))
-                if now - last > allowed:
+                if now - last > allowed and not self._unread_since(last + allowed, now):
                     self._declare(uid, f"no heartbeat for {allowed:.1f} s")
+
+    def _unread_since(self, deadline: float, now: float) -> bool:
+        """Whether the thread that hears the beats may not have read since ``deadline``.
+
+        Then the silence may be ours (that thread kept from running), not the
+        sender's: ask it to read (:meth:`Heartbeater.probe`) and decide on a
+        later check, once it has. A hearing thread that has not read for
+        :data:`DEAF_LIMIT` timeouts no longer holds a verdict back.
+        """
+        hearing = self._hearing
+        if hearing is None:
+            return False
+        heard_through = hearing.heard_through
+        if heard_through >= deadline or now - heard_through > DEAF_LIMIT * self.timeout:
+            return False
+        hearing.probe()
+        return True
 
     def _declare(self, uid: str, reason: str) -> None:
         if uid in self._dead:
@@ -567,10 +627,12 @@ class Watcher:
             self._last[uid] = now
 
     def follow(self, heartbeater: Heartbeater, loop: asyncio.AbstractEventLoop) -> None:
-        """Pause while ``heartbeater``'s connection (where we hear beats) is down.
+        """Pause while ``heartbeater``'s connection (where we hear beats) is down, and
+        call no silence its thread has not had the chance to hear.
 
         Its listeners run on the heartbeat thread; the change is made on ``loop``.
         """
+        self._hearing = heartbeater
 
         def changed(up: bool) -> None:
             change = self.resume if up else self.pause

@@ -20,14 +20,16 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 from monarch.broker import subjects
 from monarch.broker.config import settings
 from monarch.broker.connect import connect
 from monarch.broker.intake import subscribe_ordered
-from monarch.supervision.liveness import STALL, Watcher
-from tests.helpers import descendants, pid_alive, wait_until
+from monarch.supervision import liveness
+from monarch.supervision.liveness import STALL, Heartbeater, Watcher
+from tests.helpers import descendants, pid_alive, run_in_own_loop, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -248,6 +250,90 @@ def test_watcher_reports_a_stall_once_and_still_declares_silence_dead(nats_url):
             await nc.close()
 
     asyncio.run(scenario())
+
+
+async def _watch_through_a_heartbeat_thread(nats_url: str, scenario) -> list[str]:  # type: ignore[no-untyped-def]
+    """Run ``scenario(hearing, beat, deaths)``: a watcher (timeout 1 s) that hears one
+    uid's beats on a Heartbeater's thread, as every supervisor's does; ``beat()``
+    publishes one of that uid's heartbeats. Returns the reasons it was declared dead."""
+    cfg = settings()
+    nc = await connect(nats_url, cfg, name="test-hearing-watcher")
+    sender = await connect(nats_url, cfg, name="test-hearing-sender")
+    own = functools.partial(connect, nats_url, cfg, name="test-hearing-thread")
+    hearing = Heartbeater("default", f"hearer-{secrets.token_hex(4)}", 0.2, own)
+    watcher = Watcher(nc, "default", 1.0, hearing.listen)
+    watcher.follow(hearing, asyncio.get_running_loop())
+    hearing.start()
+    deaths: list[str] = []
+    uid = f"beating-{secrets.token_hex(4)}"
+
+    async def beat() -> None:
+        await sender.publish(subjects.heartbeat("default", uid), b"", headers={"Mon-Kind": "alive"})
+
+    try:
+        for _ in range(100):  # its connection up (bounded)
+            if hearing._nc is not None:
+                break
+            await asyncio.sleep(0.05)
+        await watcher.watch(uid, lambda _, why: deaths.append(why))
+        await scenario(hearing, beat, deaths)
+    finally:
+        await watcher.stop()
+        await hearing.stop()
+        await sender.close()
+        await nc.close()
+    return deaths
+
+
+async def _beats_for(beat, seconds: float) -> None:  # type: ignore[no-untyped-def]
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        await beat()
+        await asyncio.sleep(0.1)
+
+
+async def _until_declared(deaths: list[str], seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while not deaths and time.monotonic() < end:
+        await asyncio.sleep(0.05)
+
+
+def test_a_hearing_thread_kept_from_running_calls_no_silence_but_a_real_one(nats_url, monkeypatch):
+    """The thread that hears heartbeats is held for 2.5 timeouts (as busy actor threads
+    of a CPU-starved proc keep it from the GIL: a proc of the growth benchmark took
+    its owner for dead so, NOTES 32) while the watched uid goes on beating: its beats
+    wait in that thread's socket, and that silence is ours, not the uid's. Once the
+    beats stop for real, the uid is declared dead as before. (Beating first for longer
+    than DEAF_LIMIT timeouts: the thread must keep saying that it reads.)"""
+    monkeypatch.setattr(liveness, "DEAF_LIMIT", 4)
+
+    async def scenario(hearing, beat, deaths):  # type: ignore[no-untyped-def]
+        await _beats_for(beat, 5.0)
+        hearing._loop.call_soon_threadsafe(time.sleep, 2.5)  # the thread runs nothing
+        await _beats_for(beat, 3.5)
+        assert deaths == []  # not while it could not hear, nor after
+        silent_from = time.monotonic()
+        await _until_declared(deaths, 5.0)
+        assert deaths and "no heartbeat" in deaths[0]
+        assert time.monotonic() - silent_from < 2.5  # the timeout, and a probe's turns
+
+    assert len(run_in_own_loop(_watch_through_a_heartbeat_thread(nats_url, scenario))) == 1
+
+
+def test_a_hearing_thread_stuck_for_good_holds_no_verdict_back(nats_url, monkeypatch):
+    """Past DEAF_LIMIT timeouts without the hearing thread reading, silence counts
+    again: a stuck thread must not make the watcher blind to deaths."""
+    monkeypatch.setattr(liveness, "DEAF_LIMIT", 2)
+
+    async def scenario(hearing, beat, deaths):  # type: ignore[no-untyped-def]
+        await _beats_for(beat, 0.5)
+        hearing._loop.call_soon_threadsafe(time.sleep, 6.0)  # stuck, and no beats either
+        held_from = time.monotonic()
+        await _until_declared(deaths, 5.0)
+        assert deaths and "no heartbeat" in deaths[0]
+        assert time.monotonic() - held_from < 4.0  # while the thread is still held
+
+    run_in_own_loop(_watch_through_a_heartbeat_thread(nats_url, scenario))
 
 
 def test_procs_forked_once_the_zygote_is_idle_have_torch_already(nats_url):
