@@ -142,3 +142,54 @@ def proc_mesh_fixture(
         pm.stop().get(timeout=60)
 
     return fixture
+
+
+class ForwardingProxy:
+    """A TCP proxy on a free loopback port in front of ``127.0.0.1:upstream_port``.
+
+    What a client sends goes to the server as it is; what the server sends goes
+    through ``to_client(data, writer)``, which writes it (changed, or cut up, as
+    the test needs). ``async with`` it: on leaving, the listener and every
+    connection it serves are closed and their tasks ended.
+    """
+
+    def __init__(self, upstream_port: int, to_client) -> None:  # type: ignore[no-untyped-def]
+        self.upstream_port = upstream_port
+        self.to_client = to_client
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._serving: set[asyncio.Task] = set()
+
+    async def __aenter__(self) -> ForwardingProxy:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in self._serving:
+            task.cancel()
+        await asyncio.gather(*self._serving, return_exceptions=True)
+
+    async def _serve(self, reader, writer) -> None:  # type: ignore[no-untyped-def]
+        self._serving.add(asyncio.current_task())  # type: ignore[arg-type]
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        await asyncio.gather(
+            self._pipe(reader, up_writer, _as_it_is), self._pipe(up_reader, writer, self.to_client)
+        )
+
+    @staticmethod
+    async def _pipe(src, dst, forward) -> None:  # type: ignore[no-untyped-def]
+        try:
+            while data := await src.read(65536):
+                await forward(data, dst)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            dst.close()
+
+
+async def _as_it_is(data: bytes, dst: asyncio.StreamWriter) -> None:
+    dst.write(data)
+    await dst.drain()

@@ -19,7 +19,7 @@ from monarch.broker.config import settings
 from monarch.broker.connect import connect
 from monarch.broker.intake import subscribe_ordered
 from monarch.broker.server import EmbeddedBroker, free_port
-from tests.helpers import run_in_own_loop, until
+from tests.helpers import ForwardingProxy, run_in_own_loop, until
 
 
 def _reader_task_parked(nc: Client) -> bool:
@@ -134,7 +134,13 @@ def test_a_parse_that_waits_loses_and_reorders_nothing(nats_url, monkeypatch):
             await until(lambda: len(got) == 2000 and direct.parsing is None, "all 2000")
             await sender.publish("direct.fast", b"%08d" % 2000)
             await until(lambda: len(got) == 2001, "one more")
-            return got, len(waited), sum(waited), sum(paused), not nc._transport._io_writer.transport.is_reading()
+            return (
+                got,
+                len(waited),
+                sum(waited),
+                sum(paused),
+                not nc._transport._io_writer.transport.is_reading(),
+            )
         finally:
             await sender.close()
             await nc.close()
@@ -155,7 +161,9 @@ def test_reading_is_taken_over_again_after_the_broker_comes_back():
         async def reconnected() -> None:
             reconnects.append(1)
 
-        nc = await connect(broker.url, settings(), name="direct-reconnect", reconnected_cb=reconnected)
+        nc = await connect(
+            broker.url, settings(), name="direct-reconnect", reconnected_cb=reconnected
+        )
         got: list[bytes] = []
         tasks: set[object] = set()
         try:
@@ -193,28 +201,19 @@ def test_reading_is_taken_over_again_after_the_broker_comes_back():
     assert got == [b"before", b"after", b"last"] and reconnects == 1
 
 
-async def _garbling_proxy(upstream_port: int, garble: asyncio.Event) -> asyncio.Server:
-    """Forwards to the real server; once ``garble`` is set, the next client gets bytes no
-    NATS server sends, in the middle of the stream (what a broken or hostile hop would do)."""
+def _garbling(garble: asyncio.Event):  # type: ignore[no-untyped-def]
+    """A proxy's ``to_client``: once ``garble`` is set, the next bytes the client gets
+    are bytes no NATS server sends, in the middle of the stream (what a broken or
+    hostile hop would do)."""
 
-    async def pipe(src, dst, inject: bool):  # type: ignore[no-untyped-def]
-        try:
-            while data := await src.read(65536):
-                if inject and garble.is_set():
-                    garble.clear()
-                    data = b"NOT-NATS AT ALL\r\n" + data
-                dst.write(data)
-                await dst.drain()
-        except (ConnectionError, asyncio.CancelledError):
-            pass
-        finally:
-            dst.close()
+    async def inject(data: bytes, dst: asyncio.StreamWriter) -> None:
+        if garble.is_set():
+            garble.clear()
+            data = b"NOT-NATS AT ALL\r\n" + data
+        dst.write(data)
+        await dst.drain()
 
-    async def client(reader, writer):  # type: ignore[no-untyped-def]
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", upstream_port)
-        await asyncio.gather(pipe(reader, up_writer, False), pipe(up_reader, writer, True))
-
-    return await asyncio.start_server(client, "127.0.0.1", 0)
+    return inject
 
 
 def test_bytes_that_break_the_protocol_end_in_a_reconnect_not_a_deaf_connection(nats_url):
@@ -223,29 +222,27 @@ def test_bytes_that_break_the_protocol_end_in_a_reconnect_not_a_deaf_connection(
 
     async def main() -> tuple[list[bytes], int]:
         garble = asyncio.Event()
-        proxy = await _garbling_proxy(upstream, garble)
-        port = proxy.sockets[0].getsockname()[1]
-        url = f"nats://{token + '@' if token else ''}127.0.0.1:{port}"
         reconnects = []
 
         async def reconnected() -> None:
             reconnects.append(1)
 
-        nc = await connect(url, settings(), name="direct-garbled", reconnected_cb=reconnected)
-        got: list[bytes] = []
-        try:
-            await subscribe_ordered(nc, "direct.garbled", lambda m: got.append(m.data))
-            await until(lambda: nc._monarch_direct_read.reader is not None, "reader taken")
-            garble.set()
-            await nc.publish("direct.garbled", b"lost with the broken stream, or not")
-            await until(lambda: reconnects, "a reconnect after the garbage")
-            await nc.publish("direct.garbled", b"after")
-            await until(lambda: got and got[-1] == b"after", "a message after the reconnect")
-            assert nc._monarch_direct_read.reader is nc._transport._io_reader
-            return got, len(reconnects)
-        finally:
-            await nc.close()
-            proxy.close()
+        async with ForwardingProxy(upstream, _garbling(garble)) as proxy:
+            url = f"nats://{token + '@' if token else ''}127.0.0.1:{proxy.port}"
+            nc = await connect(url, settings(), name="direct-garbled", reconnected_cb=reconnected)
+            got: list[bytes] = []
+            try:
+                await subscribe_ordered(nc, "direct.garbled", lambda m: got.append(m.data))
+                await until(lambda: nc._monarch_direct_read.reader is not None, "reader taken")
+                garble.set()
+                await nc.publish("direct.garbled", b"lost with the broken stream, or not")
+                await until(lambda: reconnects, "a reconnect after the garbage")
+                await nc.publish("direct.garbled", b"after")
+                await until(lambda: got and got[-1] == b"after", "a message after the reconnect")
+                assert nc._monarch_direct_read.reader is nc._transport._io_reader
+                return got, len(reconnects)
+            finally:
+                await nc.close()
 
     got, reconnects = run_in_own_loop(main())
     assert reconnects == 1 and got[-1] == b"after"

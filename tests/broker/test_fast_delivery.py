@@ -26,7 +26,7 @@ from monarch.broker import fast_delivery, intake
 from monarch.broker.config import settings
 from monarch.broker.connect import connect
 from monarch.broker.intake import subscribe_ordered
-from tests.helpers import run_in_own_loop, until
+from tests.helpers import ForwardingProxy, run_in_own_loop, until
 
 ORDERED, OTHER, GONE = (1, 2), 3, 4  # sids: ours, a plain nats-py one, an unsubscribed one
 
@@ -133,39 +133,19 @@ def test_a_plain_frame_for_another_subscription_stops_the_pass_there():
     assert rest == stream[len(_wire(("MSG", 1, b"a", b"", b"", b"first"))) :]  # the rest, whole
 
 
-async def _rechunking_proxy(
-    upstream_port: int, seed: int
-) -> tuple[asyncio.Server, set[asyncio.Task]]:
-    """Forwards to the real server; what the server sends arrives cut into 1-40 byte pieces.
-
-    Also returns the tasks serving its connections (to be cancelled after use).
-    """
+def _recut(seed: int):  # type: ignore[no-untyped-def]
+    """A proxy's ``to_client``: what the server sends arrives in 1-40 byte pieces."""
     rng = random.Random(seed)
-    serving: set[asyncio.Task] = set()
 
-    async def pipe(src, dst, recut: bool):  # type: ignore[no-untyped-def]
-        try:
-            while data := await src.read(65536):
-                if not recut:
-                    dst.write(data)
-                while recut and data:
-                    n = rng.randint(1, 40)
-                    dst.write(data[:n])
-                    data = data[n:]
-                    await dst.drain()
-                    await asyncio.sleep(0)
-                await dst.drain()
-        except (ConnectionError, asyncio.CancelledError):
-            pass
-        finally:
-            dst.close()
+    async def recut(data: bytes, dst: asyncio.StreamWriter) -> None:
+        while data:
+            n = rng.randint(1, 40)
+            dst.write(data[:n])
+            data = data[n:]
+            await dst.drain()
+            await asyncio.sleep(0)
 
-    async def client(reader, writer):  # type: ignore[no-untyped-def]
-        serving.add(asyncio.current_task())  # type: ignore[arg-type]
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", upstream_port)
-        await asyncio.gather(pipe(reader, up_writer, False), pipe(up_reader, writer, True))
-
-    return await asyncio.start_server(client, "127.0.0.1", 0), serving
+    return recut
 
 
 def test_a_stream_cut_into_small_pieces_arrives_whole_and_in_order(nats_url):
@@ -181,27 +161,22 @@ def test_a_stream_cut_into_small_pieces_arrives_whole_and_in_order(nats_url):
     ]
 
     async def main() -> dict[str, list]:
-        proxy, serving = await _rechunking_proxy(upstream, seed=18)
-        port = proxy.sockets[0].getsockname()[1]
-        url = f"nats://{token + '@' if token else ''}127.0.0.1:{port}"
-        nc = await connect(url, settings(), name="fast-cut")
-        sender = await nats.connect(nats_url)
-        got: dict[str, list] = {"cut.0": [], "cut.1": []}
-        try:
-            for name in got:
-                await subscribe_ordered(nc, name, lambda m, n=name: got[n].append(m))
-            await nc.flush()
-            for subject, body, headers in sent:
-                await sender.publish(subject, body, headers=headers)
-            await sender.flush()
-            await until(lambda: sum(map(len, got.values())) == len(sent), "all 300", timeout=30)
-        finally:
-            await sender.close()
-            await nc.close()
-            proxy.close()
-            for task in serving:
-                task.cancel()
-            await asyncio.gather(*serving, return_exceptions=True)
+        async with ForwardingProxy(upstream, _recut(seed=18)) as proxy:
+            url = f"nats://{token + '@' if token else ''}127.0.0.1:{proxy.port}"
+            nc = await connect(url, settings(), name="fast-cut")
+            sender = await nats.connect(nats_url)
+            got: dict[str, list] = {"cut.0": [], "cut.1": []}
+            try:
+                for name in got:
+                    await subscribe_ordered(nc, name, lambda m, n=name: got[n].append(m))
+                await nc.flush()
+                for subject, body, headers in sent:
+                    await sender.publish(subject, body, headers=headers)
+                await sender.flush()
+                await until(lambda: sum(map(len, got.values())) == len(sent), "all 300", timeout=30)
+            finally:
+                await sender.close()
+                await nc.close()
         return got
 
     got = run_in_own_loop(main())
