@@ -8,9 +8,10 @@ second hand-over to the thread that waits. :func:`install` replaces the
 with a call of nats-py's own parser, so a message reaches its subscription
 (our ordered intake, :mod:`monarch.broker.intake`) in the callback that
 brought its bytes. Whole, plain frames for our own subscriptions skip even
-nats-py's parser (:mod:`monarch.broker.fast_delivery`, NOTES 31). benchmarks/NOTES.md entry 30 has what it changed, alone
-and with :mod:`monarch.broker.write_through` (together: ``call_one`` p50
--6-9%, broadcast-and-gather +7-19%, pipelined calls -13-21%).
+nats-py's parser (:mod:`monarch.broker.fast_delivery`, NOTES 31).
+benchmarks/NOTES.md entry 30 has what reading on arrival changed, alone and
+with :mod:`monarch.broker.write_through` (together: ``call_one`` p50 -6-9%,
+broadcast-and-gather +7-19%, pipelined calls -13-21%).
 
 Parsing almost never waits; when it does (an error callback, a JetStream
 flow-control reply) a task finishes it, and bytes that arrive meanwhile
@@ -43,7 +44,7 @@ from nats.aio.client import Client
 from nats.aio.transport import TcpTransport
 
 from monarch.broker.config import settings
-from monarch.broker.fast_delivery import deliver_chunk
+from monarch.broker.fast_delivery import deliver_chunk, usable
 from monarch.broker.inline import run_inline
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,8 @@ class DirectReader:
         self.parsing: asyncio.Task[None] | None = None  # a parse that waited, until it ends
         self.paused = False
         self.op_errors: set[asyncio.Task[None]] = set()
-        self.fast = settings().fast_delivery  # whole plain frames skip nats-py's parser
+        # whole plain frames skip nats-py's parser (where its internals are as known)
+        self.fast = settings().fast_delivery and usable(nc)
 
     async def read_loop(self) -> None:
         """nats-py starts this as its reader task on every reconnection."""

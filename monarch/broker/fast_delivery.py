@@ -23,7 +23,11 @@ nats-py's parser holds part of a frame, every chunk goes to it.
 What comes out is what nats-py's path gives: the same ``Msg`` fields, the
 same header dictionary, the same counters (``tests/broker/test_fast_delivery.py``
 compares the two, frame by frame, through a real nats-server).
-``MONARCH_FAST_DELIVERY=0`` turns it off.
+``MONARCH_FAST_DELIVERY=0`` turns it off, and :func:`usable` keeps it off
+for a nats-py whose internals differ from what it reads (its parser's
+``buf``/``state``, the client's ``_subs``/``msg_class``/``stats``, a
+subscription's counters and kind): a missing name would otherwise fail
+every chunk, and each failure drops the socket.
 """
 
 from __future__ import annotations
@@ -31,11 +35,31 @@ from __future__ import annotations
 from typing import Any
 
 from nats.aio.client import Client
+from nats.aio.subscription import Subscription
 from nats.protocol.parser import AWAITING_CONTROL_LINE
 
 _CRLF = b"\r\n"
 _HEADER_LINE = b"NATS/1.0\r\n"  # headers with no status: the only ones taken here
 _HEADER_LINE_SIZE = len(_HEADER_LINE)
+
+
+_CLIENT_NAMES = ("_ps", "_subs", "msg_class", "stats", "_parse_header_lines")
+_SUBSCRIPTION_NAMES = ("_max_msgs", "_jsi", "_future", "_pending_queue", "_received")
+
+
+def usable(nc: Client) -> bool:
+    """Whether ``nc`` (and nats-py's subscriptions) have every name this module reads."""
+    try:
+        sub = Subscription(nc, 0)
+    except Exception:
+        return False
+    ps = getattr(nc, "_ps", None)
+    return (
+        all(hasattr(nc, name) for name in _CLIENT_NAMES)
+        and hasattr(ps, "buf")
+        and hasattr(ps, "state")
+        and all(hasattr(sub, name) for name in _SUBSCRIPTION_NAMES)
+    )
 
 
 def deliver_chunk(nc: Client, data: bytes) -> bytes:

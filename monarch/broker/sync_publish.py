@@ -54,7 +54,16 @@ def publisher(nc: Client) -> Publisher | None:
         or not callable(getattr(nats_client, "_validate_subject", None))
         or not all(
             hasattr(nc, a)
-            for a in ("_skip_subject_validation", "_max_payload", "_max_pending_size", "stats")
+            for a in (
+                "_skip_subject_validation",
+                "_max_payload",
+                "_max_pending_size",
+                "stats",
+                "_pending",
+                "_pending_data_size",
+                "_flush_queue",
+                "is_draining_pubs",
+            )
         )
     ):
         return None

@@ -320,8 +320,9 @@ class Runtime:
         """Publish right here, without a task switch.
 
         In one plain call where the connection allows (:mod:`monarch.broker.sync_publish`),
-        else by running nats-py's ``publish`` coroutine here. It queues (or writes, :mod:`monarch.broker.write_through`) the message's bytes
-        before its first (rare) suspension, a forced flush of a full buffer, so the
+        else by running nats-py's ``publish`` coroutine here. It queues (or writes,
+        :mod:`monarch.broker.write_through`) the message's bytes before its first
+        (rare) suspension, a forced flush of a full buffer, so the
         order of messages is fixed here either way; a suspended publish is
         finished by a task (:func:`monarch.broker.inline.run_inline`).
         """

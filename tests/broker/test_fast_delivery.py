@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 
-from monarch.broker import fast_delivery, intake
+from monarch.broker import direct_read, fast_delivery, intake
 from monarch.broker.config import settings
 from monarch.broker.connect import connect
 from monarch.broker.intake import subscribe_ordered
@@ -242,3 +242,30 @@ def test_a_bad_setting_is_refused_by_name(value, monkeypatch):
     monkeypatch.setenv("MONARCH_FAST_DELIVERY", value)
     with pytest.raises(ValueError, match="MONARCH_FAST_DELIVERY"):
         type(settings()).from_env()
+
+
+def test_a_nats_py_without_the_internals_it_reads_keeps_its_own_parser(nats_url, monkeypatch):
+    """A nats-py whose subscriptions lack a name fast delivery reads (here ``_jsi``) must
+    not get it: every chunk would fail and drop the socket. A connection's reader asks."""
+    assert fast_delivery.usable(Client()) is True
+    assert fast_delivery.usable(object()) is False  # type: ignore[arg-type]
+    original = Subscription.__init__
+
+    def without_jsi(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        original(self, *args, **kwargs)
+        del self._jsi
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Subscription, "__init__", without_jsi)
+        assert fast_delivery.usable(Client()) is False
+
+    async def reader_is_fast() -> bool:
+        nc = await connect(nats_url, settings(), name="fast-usable")
+        try:
+            return nc._monarch_direct_read.fast
+        finally:
+            await nc.close()
+
+    assert run_in_own_loop(reader_is_fast()) is True
+    monkeypatch.setattr(direct_read, "usable", lambda nc: False)
+    assert run_in_own_loop(reader_is_fast()) is False
