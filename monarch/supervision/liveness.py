@@ -36,6 +36,7 @@ process a longer allowance of silence (``Mon-Quiet``, see
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import threading
@@ -58,6 +59,9 @@ QUIET = hdr.QUIET  # seconds of silence to allow: the sender is importing torch
 # Timeouts the thread that hears heartbeats may go without reading before a
 # watcher calls silences anyway (that thread itself stuck, not merely starved).
 DEAF_LIMIT = 10
+# Seconds the thread that hears heartbeats waits for the broker to confirm new
+# subscriptions (Heartbeater.in_place); if it does not, the next beat's turn asks again.
+PLACE_WAIT = 1.0
 
 
 class LoopClock:
@@ -128,6 +132,10 @@ class Heartbeater:
         self.heard_through = time.monotonic()
         self._probing = False  # a probe() is under way (set and cleared under the lock)
         self._nc_subs: dict[str, Any] = {}  # on the thread: subject -> nats subscription
+        # Subjects the broker is known to hold our subscription to (a flush after the
+        # SUB came back), and who waits for one to be (see in_place()); under the lock.
+        self._placed: set[str] = set()
+        self._placing: dict[str, list[concurrent.futures.Future]] = {}
         self._sync_lock = asyncio.Lock()  # used on the thread's loop only
         # Called on the thread with False when its connection drops and True when back.
         self.connection_listeners: list[Callable[[bool], None]] = []
@@ -232,7 +240,7 @@ class Heartbeater:
                         log.log(
                             level, "heartbeat connection of %s failed (retrying): %s", self.uid, e
                         )
-                if nc is not None and not subscribed:
+                if nc is not None and (not subscribed or self._unplaced()):
                     try:  # what watchers asked to hear before we were connected
                         await self._sync_heard()
                         subscribed = True
@@ -288,9 +296,40 @@ class Heartbeater:
         self._sync_soon()
         return HeardSubject(self, subject)
 
+    def in_place(self, subject: str) -> concurrent.futures.Future:
+        """A future (any thread) done once the broker holds our subscription to ``subject``.
+
+        Until then a beat on ``subject`` reaches nobody here, so whoever is about
+        to make the sender busy (a call that will make it import torch) waits for
+        this first: the beat that announces the import must not be missed.
+        """
+        placed: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if subject in self._placed:
+                placed.set_result(None)
+            else:
+                self._placing.setdefault(subject, []).append(placed)
+        return placed
+
+    def _unplaced(self) -> set[str]:
+        """Subscribed on the thread, not yet confirmed by the broker."""
+        with self._lock:
+            return set(self._nc_subs) - self._placed
+
+    def _now_placed(self, subjects_: set[str]) -> None:
+        with self._lock:
+            subjects_ &= set(self._heard)  # not dropped meanwhile
+            self._placed |= subjects_
+            done = [f for s in subjects_ for f in self._placing.pop(s, [])]
+        for placed in done:
+            with contextlib.suppress(concurrent.futures.InvalidStateError):  # given up on
+                placed.set_result(None)
+
     async def _forget(self, subject: str) -> None:
         with self._lock:
             self._heard.pop(subject, None)
+            self._placed.discard(subject)
+            self._placing.pop(subject, None)  # whoever waits gives up at its own bound
         self._sync_soon()
 
     def _sync_soon(self) -> None:
@@ -329,6 +368,11 @@ class Heartbeater:
                 self._nc_subs[subject] = await subscribe_ordered(
                     nc, subject, self._deliverer(subject)
                 )
+            unplaced = self._unplaced()
+            if unplaced:
+                # The broker has handled our SUBs once it answers a PING sent after them.
+                await nc.flush(timeout=PLACE_WAIT)
+                self._now_placed(unplaced)
 
     def _deliverer(self, subject: str) -> Callable[[Any], None]:
         def deliver(msg: Any) -> None:
@@ -377,6 +421,10 @@ class HeardSubject:
     def __init__(self, heartbeater: Heartbeater, subject: str) -> None:
         self._heartbeater = heartbeater
         self.subject = subject
+
+    def in_place(self) -> concurrent.futures.Future:
+        """Done once the broker holds this subscription (:meth:`Heartbeater.in_place`)."""
+        return self._heartbeater.in_place(self.subject)
 
     async def unsubscribe(self) -> None:
         await self._heartbeater._forget(self.subject)
@@ -470,6 +518,32 @@ class Watcher:
             )
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._check())
+
+    async def listening(self, uids: list[str]) -> None:
+        """Wait (at most ``grace`` seconds) until the broker holds our subscriptions to
+        the heartbeats of ``uids`` (watched already), and start their clocks from then.
+
+        A beat sent before that reaches nobody here. That is harmless for an
+        ordinary beat (the next one comes), but not for the one that announces a
+        heavy import: the sender can beat no more until the import is over, and a
+        watcher that missed the announcement takes that silence for a death. So
+        whoever is about to send a watched process something that may start such
+        an import (a proc mesh before it calls itself ready, a proc before it says
+        ready to its owner) waits for this first.
+        """
+        waits = []
+        for uid in uids:
+            in_place = getattr(self._subs.get(uid), "in_place", None)
+            if in_place is not None:
+                waits.append(asyncio.wrap_future(in_place()))
+        if waits:
+            _, late = await asyncio.wait(waits, timeout=self.grace)
+            for placed in late:  # the hearing connection is down or slow: go on without
+                placed.cancel()
+        start = time.monotonic() + (self.grace - self.timeout)
+        for uid in uids:
+            if uid in self._last and uid not in self._dead:
+                self._last[uid] = max(self._last[uid], start)
 
     def _on_announcement(self, uid: str, msg: Any) -> None:
         """On the loop, from the main connection: only ``dead`` beats count here."""

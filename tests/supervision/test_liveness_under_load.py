@@ -28,7 +28,7 @@ from monarch.broker.config import settings
 from monarch.broker.connect import connect
 from monarch.broker.intake import subscribe_ordered
 from monarch.supervision import liveness
-from monarch.supervision.liveness import STALL, Heartbeater, Watcher
+from monarch.supervision.liveness import QUIET, STALL, Heartbeater, Watcher
 from tests.helpers import descendants, pid_alive, run_in_own_loop, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,6 +167,113 @@ def test_importing_torch_that_holds_the_gil_past_the_timeout_kills_no_proc(tmp_p
     assert "heartbeat" not in err
 
 
+def test_an_import_announced_while_the_owner_subscribes_late_kills_no_proc(tmp_path, nats_url):
+    """The race behind the case above's rare failure on a loaded machine: the owner's
+    thread that hears heartbeats subscribes to the new procs' beats late (held 0.5 s
+    here, as a CPU-starved thread is), the first call makes each proc import torch at
+    once, and the one beat that announces it would reach nobody; the silence after it
+    was taken for a death. The mesh is ready only once those subscriptions are in
+    place (Watcher.listening), so the announcement is heard."""
+    fake = tmp_path / "fake" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(_GIL_HOLDING_TORCH)
+    body = """
+        import time
+        from monarch.actor import Actor, endpoint, this_host
+        from monarch.supervision import liveness
+
+        subscribe = liveness.Heartbeater._sync_heard
+
+        async def late_subscribe(self):
+            with self._lock:
+                new = set(self._heard) - set(self._nc_subs)
+            if any(".procs-" in subject for subject in new):
+                time.sleep(0.5)  # this thread is kept from running
+            await subscribe(self)
+
+        liveness.Heartbeater._sync_heard = late_subscribe
+
+        class Importer(Actor):
+            @endpoint
+            async def load(self) -> bool:
+                import torch  # on the proc's event loop, at once
+
+                return torch.HELD > 2.0
+
+        procs = this_host().spawn_procs(per_host={"gpus": 2})
+        importers = procs.spawn("importer", Importer)
+        print(sorted(importers.load.call().get(timeout=120).values()), flush=True)
+        procs.stop().get(timeout=60)
+    """
+    rc, out, err = run_client(
+        tmp_path,
+        body,
+        PYTHONPATH=os.pathsep.join([str(fake.parent), str(ROOT)]),
+        MONARCH_HEARTBEAT_TIMEOUT="1",
+        FAKE_TORCH_HOLD="2.5",
+    )
+    assert rc == 0, f"the job died:\n{out}\n{err}"
+    assert out.strip() == "[True, True]"
+    assert "heartbeat" not in err
+
+
+def test_an_owner_importing_torch_once_its_procs_are_ready_loses_none(tmp_path, nats_url):
+    """The other direction: each proc's thread that hears its owner's heartbeats
+    subscribes late (held 0.5 s, by a sitecustomize every process of the job loads),
+    and the owner imports torch as soon as its procs are ready. A proc says ready only
+    once its subscription is in place, so it hears the announcement and does not take
+    the silence that follows for its owner's death (it would exit: "owner gone")."""
+    fake = tmp_path / "fake"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text(_GIL_HOLDING_TORCH)
+    (fake / "sitecustomize.py").write_text(
+        textwrap.dedent(
+            """
+            import time
+            from monarch.supervision import liveness
+
+            subscribe = liveness.Heartbeater._sync_heard
+
+            async def late_subscribe(self):
+                with self._lock:
+                    new = set(self._heard) - set(self._nc_subs)
+                if any(".client-" in subject for subject in new):  # a proc, hearing its owner
+                    time.sleep(0.5)  # this thread is kept from running
+                await subscribe(self)
+
+            liveness.Heartbeater._sync_heard = late_subscribe
+            """
+        )
+    )
+    body = """
+        from monarch.actor import Actor, endpoint, this_host
+
+        class Pinger(Actor):
+            @endpoint
+            def ping(self) -> str:
+                return "pong"
+
+        procs = this_host().spawn_procs(per_host={"gpus": 2})
+        pingers = procs.spawn("pinger", Pinger)
+        procs.initialized.get(timeout=60)
+        import torch  # the owner's GIL held 2.5 s, announced first (a stand-in: not a tensor
+        # library, so spawn before it)
+
+        print(sorted(pingers.ping.call().get(timeout=60).values()), torch.HELD > 2.0, flush=True)
+        procs.stop().get(timeout=60)
+    """
+    rc, out, err = run_client(
+        tmp_path,
+        body,
+        PYTHONPATH=os.pathsep.join([str(fake), str(ROOT)]),
+        MONARCH_HEARTBEAT_TIMEOUT="1",
+        FAKE_TORCH_HOLD="2.5",
+    )
+    assert rc == 0, f"the job died:\n{out}\n{err}"
+    assert out.strip() == "['pong', 'pong'] True"
+    assert "owner" not in err and "heartbeat" not in err
+
+
 def test_blocked_event_loop_is_reported_as_stalled_not_dead(tmp_path, nats_url):
     """An async endpoint that blocks its proc's loop for 2.5 timeouts: the call
     completes, the proc lives on (and did not declare its owner dead either),
@@ -252,10 +359,14 @@ def test_watcher_reports_a_stall_once_and_still_declares_silence_dead(nats_url):
     asyncio.run(scenario())
 
 
-async def _watch_through_a_heartbeat_thread(nats_url: str, scenario) -> list[str]:  # type: ignore[no-untyped-def]
+async def _watch_through_a_heartbeat_thread(  # type: ignore[no-untyped-def]
+    nats_url: str, scenario, held_at_watch: float = 0.0, listen: bool = False
+) -> list[str]:
     """Run ``scenario(hearing, beat, deaths)``: a watcher (timeout 1 s) that hears one
-    uid's beats on a Heartbeater's thread, as every supervisor's does; ``beat()``
-    publishes one of that uid's heartbeats. Returns the reasons it was declared dead."""
+    uid's beats on a Heartbeater's thread, as every supervisor's does; ``beat(**headers)``
+    publishes one of that uid's heartbeats. ``held_at_watch``: the thread is held that
+    long as the watch begins; ``listen``: then ``Watcher.listening`` is awaited.
+    Returns the reasons it was declared dead."""
     cfg = settings()
     nc = await connect(nats_url, cfg, name="test-hearing-watcher")
     sender = await connect(nats_url, cfg, name="test-hearing-sender")
@@ -267,15 +378,20 @@ async def _watch_through_a_heartbeat_thread(nats_url: str, scenario) -> list[str
     deaths: list[str] = []
     uid = f"beating-{secrets.token_hex(4)}"
 
-    async def beat() -> None:
-        await sender.publish(subjects.heartbeat("default", uid), b"", headers={"Mon-Kind": "alive"})
+    async def beat(**headers: str) -> None:
+        headers = {"Mon-Kind": "alive", **headers}
+        await sender.publish(subjects.heartbeat("default", uid), b"", headers=headers)
 
     try:
         for _ in range(100):  # its connection up (bounded)
             if hearing._nc is not None:
                 break
             await asyncio.sleep(0.05)
+        if held_at_watch:
+            hearing._loop.call_soon_threadsafe(time.sleep, held_at_watch)
         await watcher.watch(uid, lambda _, why: deaths.append(why))
+        if listen:
+            await watcher.listening([uid])
         await scenario(hearing, beat, deaths)
     finally:
         await watcher.stop()
@@ -334,6 +450,38 @@ def test_a_hearing_thread_stuck_for_good_holds_no_verdict_back(nats_url, monkeyp
         assert time.monotonic() - held_from < 4.0  # while the thread is still held
 
     run_in_own_loop(_watch_through_a_heartbeat_thread(nats_url, scenario))
+
+
+def test_a_watcher_that_listens_hears_the_one_beat_sent_before_a_long_silence(nats_url):
+    """The hearing thread is held as the watch begins, so its subscription reaches the
+    broker late. ``Watcher.listening`` returns only once the broker holds it: the beat
+    sent right after (one announcing a heavy import, as a proc's first call may make it
+    send) is heard, and the 2.5 timeouts of silence that follow are allowed."""
+
+    async def scenario(hearing, beat, deaths):  # type: ignore[no-untyped-def]
+        await beat(**{QUIET: "60"})
+        await asyncio.sleep(2.5)
+        assert deaths == []
+
+    run_in_own_loop(
+        _watch_through_a_heartbeat_thread(nats_url, scenario, held_at_watch=0.6, listen=True)
+    )
+
+
+def test_a_watcher_starts_its_clock_once_it_can_hear(nats_url):
+    """A uid that never beats: silence is counted from when our subscription was in
+    place, not from when the watch began (the hearing thread held 0.8 s then), and it
+    is still declared dead after the timeout."""
+
+    async def scenario(hearing, beat, deaths):  # type: ignore[no-untyped-def]
+        listened = time.monotonic()
+        await _until_declared(deaths, 5.0)
+        assert deaths and "no heartbeat" in deaths[0]
+        assert time.monotonic() - listened > 0.9  # the whole timeout after listening
+
+    run_in_own_loop(
+        _watch_through_a_heartbeat_thread(nats_url, scenario, held_at_watch=0.8, listen=True)
+    )
 
 
 def test_procs_forked_once_the_zygote_is_idle_have_torch_already(nats_url):

@@ -315,4 +315,7 @@ async def start_supervision(
             os._exit(3)
 
         await sup.watcher.watch(owner_proc, owner_gone)
+        # Before this proc says it is ready: the owner may import torch right after,
+        # and the beat that announces it must reach us (Watcher.listening).
+        await sup.watcher.listening([owner_proc])
     return sup

@@ -70,7 +70,10 @@ class ProcMeshState:
         self.extent = extent
         self.launcher = launcher
         self.procs: list[ProcHandle] = []
+        # Every proc said it is ready, and our subscriptions to their heartbeats are
+        # in place (start()): messages to them may go now.
         self.ready: asyncio.Future = rt.loop.create_future()
+        self._said_ready: asyncio.Future = rt.loop.create_future()  # every proc said so
         self.launched = asyncio.Event()  # start() has finished, successfully or not
         self.settled = threading.Event()  # the same, for other threads (references wait on it)
         self.dead: asyncio.Future = rt.loop.create_future()  # completed by the first early exit
@@ -92,13 +95,16 @@ class ProcMeshState:
             self._maybe_ready()  # forked procs may all have said "ready" before launch returned
             timeout = self.rt.settings.spawn_timeout
             done, _ = await asyncio.wait(
-                [self.ready, self.dead], timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                [self._said_ready, self.dead], timeout=timeout, return_when=asyncio.FIRST_COMPLETED
             )
-            if self.ready not in done:
+            if self._said_ready not in done:
                 if self.dead.done():
                     raise self.dead.exception()  # type: ignore[misc]
                 raise ProcStartError(f"procs of {self.name!r} not ready after {timeout} s")
             await self._watch()
+            if self.dead.done():  # a proc ended while we started watching
+                raise self.dead.exception()  # type: ignore[misc]
+            self.ready.set_result(None)
         except BaseException as e:
             if not self.ready.done():
                 self.ready.set_exception(e)
@@ -117,7 +123,7 @@ class ProcMeshState:
         return [f"{self.name}-{self.uid}-{r}" for r in range(self.extent.nelements)]
 
     def _on_ready(self, msg: Any) -> None:
-        if (msg.headers or {}).get(m.KIND) != "ready" or self.ready.done():
+        if (msg.headers or {}).get(m.KIND) != "ready" or self._said_ready.done():
             return
         self._ready_count += 1
         self._maybe_ready()
@@ -125,8 +131,8 @@ class ProcMeshState:
     def _maybe_ready(self) -> None:
         """Ready once every proc said so, and not before their handles are known:
         a spawn waiting on ``ready`` looks procs up by rank."""
-        if not self.ready.done() and self.procs and self._ready_count >= len(self.procs):
-            self.ready.set_result(None)
+        if not self._said_ready.done() and self.procs and self._ready_count >= len(self.procs):
+            self._said_ready.set_result(None)
 
     def _on_exit(self, handle: ProcHandle, code: int) -> None:
         """A proc's process ended (the reaper thread hands this to the loop)."""
@@ -171,10 +177,16 @@ class ProcMeshState:
             handle.kill()  # declared dead while maybe still running: no orphans
 
     async def _watch(self) -> None:
-        """Owners also watch heartbeats: a silent (hung, stopped, cut off) proc is dead too."""
+        """Owners also watch heartbeats: a silent (hung, stopped, cut off) proc is dead too.
+
+        Returns once the broker holds our subscriptions to their heartbeats (bounded):
+        a first call may make a proc import torch at once, and the heartbeat that
+        announces it must reach us (:meth:`Watcher.listening`).
+        """
         sup = supervisor_of(self.rt)
         if sup is None:
             return
+        watched: list[str] = []
         for h in self.procs:
 
             def lost(uid: str, why: str, h: ProcHandle = h) -> None:
@@ -182,11 +194,13 @@ class ProcMeshState:
                     self._proc_lost(h, "heartbeat_lost", why)
 
             await sup.watcher.watch(h.uid, lost)
+            watched.append(h.uid)
             if h.host_uid is not None:  # a silent host agent takes its procs with it
                 await sup.watcher.watch(
                     h.host_uid,
                     lambda uid, why, lost=lost: lost(uid, f"its host agent {uid} is gone: {why}"),
                 )
+        await sup.watcher.listening(watched)
 
     async def spawn_actors(self, mesh_state: MeshState, proc_ranks: list[int], body: bytes) -> None:
         try:
