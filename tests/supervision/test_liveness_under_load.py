@@ -184,11 +184,13 @@ def test_an_import_announced_while_the_owner_subscribes_late_kills_no_proc(tmp_p
         from monarch.supervision import liveness
 
         subscribe = liveness.Heartbeater._sync_heard
+        held = set()
 
         async def late_subscribe(self):
             with self._lock:
-                new = set(self._heard) - set(self._nc_subs)
-            if any(".procs-" in subject for subject in new):
+                new = {s for s in set(self._heard) - set(self._nc_subs) if ".procs-" in s}
+            if self._nc is not None and new - held:  # once per subject it subscribes
+                held.update(new)
                 time.sleep(0.5)  # this thread is kept from running
             await subscribe(self)
 
@@ -234,11 +236,13 @@ def test_an_owner_importing_torch_once_its_procs_are_ready_loses_none(tmp_path, 
             from monarch.supervision import liveness
 
             subscribe = liveness.Heartbeater._sync_heard
+            held = set()
 
-            async def late_subscribe(self):
+            async def late_subscribe(self):  # in a proc, about to hear its owner:
                 with self._lock:
-                    new = set(self._heard) - set(self._nc_subs)
-                if any(".client-" in subject for subject in new):  # a proc, hearing its owner
+                    new = {s for s in set(self._heard) - set(self._nc_subs) if ".client-" in s}
+                if self._nc is not None and new - held:  # once per subject it subscribes
+                    held.update(new)
                     time.sleep(0.5)  # this thread is kept from running
                 await subscribe(self)
 
