@@ -220,36 +220,42 @@ def test_an_import_announced_while_the_owner_subscribes_late_kills_no_proc(tmp_p
     assert "heartbeat" not in err
 
 
+def _late_hearing(tmp_path: Path, marker: str) -> Path:
+    """A folder for the front of PYTHONPATH: the GIL-holding stand-in for torch, and a
+    sitecustomize (so every process of the job loads it) that holds a thread that
+    hears heartbeats 0.5 s, as a CPU-starved one is, before it subscribes to
+    heartbeat subjects containing ``marker`` (once per subject)."""
+    fake = tmp_path / "fake"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text(_GIL_HOLDING_TORCH)
+    site = f"""
+        import time
+        from monarch.supervision import liveness
+
+        subscribe = liveness.Heartbeater._sync_heard
+        held = set()
+
+        async def late_subscribe(self):
+            with self._lock:
+                new = {{s for s in set(self._heard) - set(self._nc_subs) if {marker!r} in s}}
+            if self._nc is not None and new - held:  # when it really subscribes
+                held.update(new)
+                time.sleep(0.5)
+            await subscribe(self)
+
+        liveness.Heartbeater._sync_heard = late_subscribe
+    """
+    (fake / "sitecustomize.py").write_text(textwrap.dedent(site))
+    return fake
+
+
 def test_an_owner_importing_torch_once_its_procs_are_ready_loses_none(tmp_path, nats_url):
     """The other direction: each proc's thread that hears its owner's heartbeats
     subscribes late (held 0.5 s, by a sitecustomize every process of the job loads),
     and the owner imports torch as soon as its procs are ready. A proc says ready only
     once its subscription is in place, so it hears the announcement and does not take
     the silence that follows for its owner's death (it would exit: "owner gone")."""
-    fake = tmp_path / "fake"
-    (fake / "torch").mkdir(parents=True)
-    (fake / "torch" / "__init__.py").write_text(_GIL_HOLDING_TORCH)
-    (fake / "sitecustomize.py").write_text(
-        textwrap.dedent(
-            """
-            import time
-            from monarch.supervision import liveness
-
-            subscribe = liveness.Heartbeater._sync_heard
-            held = set()
-
-            async def late_subscribe(self):  # in a proc, about to hear its owner:
-                with self._lock:
-                    new = {s for s in set(self._heard) - set(self._nc_subs) if ".client-" in s}
-                if self._nc is not None and new - held:  # once per subject it subscribes
-                    held.update(new)
-                    time.sleep(0.5)  # this thread is kept from running
-                await subscribe(self)
-
-            liveness.Heartbeater._sync_heard = late_subscribe
-            """
-        )
-    )
+    fake = _late_hearing(tmp_path, ".client-")  # a proc, about to hear its owner
     body = """
         from monarch.actor import Actor, endpoint, this_host
 
@@ -277,6 +283,48 @@ def test_an_owner_importing_torch_once_its_procs_are_ready_loses_none(tmp_path, 
     assert rc == 0, f"the job died:\n{out}\n{err}"
     assert out.strip() == "['pong', 'pong'] True"
     assert "owner" not in err and "heartbeat" not in err
+
+
+def test_procs_spawned_on_from_a_received_proc_mesh_are_heard_from_the_start(
+    tmp_path, nats_url
+):
+    """An actor that received a proc mesh (a reference, owned by the client) spawns
+    importers on it, and their first call makes each proc import torch; the actor's
+    process watches those procs too, and its hearing thread subscribes late. The
+    received mesh is ready only once that subscription is in place, so the actor's
+    process hears the announcement and its calls do not fail ("proc ... is gone")."""
+    fake = _late_hearing(tmp_path, ".procs-")
+    body = """
+        from monarch.actor import Actor, endpoint, this_host
+
+        class Importer(Actor):
+            @endpoint
+            async def load(self) -> bool:
+                import torch  # on the proc's event loop, at once
+
+                return torch.HELD > 2.0
+
+        class Spawner(Actor):
+            @endpoint
+            def load_on(self, procs) -> list:
+                importers = procs.spawn("importer", Importer)
+                return sorted(importers.load.call().get(timeout=120).values())
+
+        spawner = this_host().spawn_procs(per_host={"gpus": 1}).spawn("spawner", Spawner)
+        workers = this_host().spawn_procs(per_host={"gpus": 2})
+        workers.initialized.get(timeout=60)
+        print(spawner.load_on.call_one(workers).get(timeout=120), flush=True)
+    """
+    rc, out, err = run_client(
+        tmp_path,
+        body,
+        PYTHONPATH=os.pathsep.join([str(fake), str(ROOT)]),
+        MONARCH_HEARTBEAT_TIMEOUT="1",
+        FAKE_TORCH_HOLD="2.5",
+    )
+    assert rc == 0, f"the job died:\n{out}\n{err}"
+    assert out.strip() == "[True, True]"
+    assert "heartbeat" not in err
 
 
 def test_blocked_event_loop_is_reported_as_stalled_not_dead(tmp_path, nats_url):

@@ -334,6 +334,19 @@ class ProcMeshRef(ProcMeshState):
         self.launched.set()
         self.settled.set()
 
+    def start_watching(self) -> None:
+        """On the loop: watch the procs' heartbeats, and be ready once we hear them (as
+        an owner's mesh is, ``start()``): an actor spawned from here may make a proc
+        import torch at its first call, and we must hear that announced."""
+        self._watching = self.rt.loop.create_task(self._watch_then_ready())
+
+    async def _watch_then_ready(self) -> None:
+        try:
+            await self._watch()
+        finally:
+            if not self.ready.done():
+                self.ready.set_result(None)
+
     def _proc_lost(self, handle: ProcHandle, reason: str, why: str) -> None:
         """Calls to actors spawned from here on that proc fail from now on (SupervisionError).
 
@@ -673,15 +686,15 @@ def _decode_proc_mesh(fields: list) -> ProcMesh:
         st = _known.get(rt, {}).get(uid)
     if st is None:
         st = ProcMeshRef(rt, name, uid, base, proc_uids)
+        st.stopping = bool(stopped)
         if error is not None:
             st.ready.set_exception(ProcStartError(f"proc mesh {name!r} failed to start: {error}"))
             st.ready.exception()  # retrieved: whoever spawns on it raises it
-        else:
+        elif stopped:
             st.ready.set_result(None)
-        st.stopping = bool(stopped)
+        else:
+            rt.call_soon(st.start_watching)
         _remember(st)
-        if error is None and not stopped:
-            rt.call_soon(lambda: rt.loop.create_task(st._watch()))
     return ProcMesh(st, View(Extent(vlabels, vsizes), base, ranks))
 
 
