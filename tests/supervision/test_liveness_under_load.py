@@ -134,6 +134,24 @@ while HELD < 0.9 * HOLD:  # a busy machine can make the estimate fall short: hol
 """
 
 
+# A client whose two procs import torch (the stand-in) at their first call.
+_IMPORTERS = """
+    from monarch.actor import Actor, endpoint, this_host
+
+    class Importer(Actor):
+        @endpoint
+        async def load(self) -> bool:
+            import torch  # on the proc's event loop, as unpickling a tensor does
+
+            return torch.HELD > 2.0  # longer than MONARCH_HEARTBEAT_TIMEOUT
+
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    importers = procs.spawn("importer", Importer)
+    print(sorted(importers.load.call().get(timeout=120).values()), flush=True)
+    procs.stop().get(timeout=60)
+"""
+
+
 def test_importing_torch_that_holds_the_gil_past_the_timeout_kills_no_proc(tmp_path, nats_url):
     """grpo_yield's case: procs import torch on their loop while the machine is busy;
     torch's C++ start-up holds the GIL, so no heartbeat can leave for longer than the
@@ -141,24 +159,9 @@ def test_importing_torch_that_holds_the_gil_past_the_timeout_kills_no_proc(tmp_p
     fake = tmp_path / "fake" / "torch"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text(_GIL_HOLDING_TORCH)
-    body = """
-        from monarch.actor import Actor, endpoint, this_host
-
-        class Importer(Actor):
-            @endpoint
-            async def load(self) -> bool:
-                import torch  # on the proc's event loop, as unpickling a tensor does
-
-                return torch.HELD > 2.0  # longer than MONARCH_HEARTBEAT_TIMEOUT
-
-        procs = this_host().spawn_procs(per_host={"gpus": 2})
-        importers = procs.spawn("importer", Importer)
-        print(sorted(importers.load.call().get(timeout=120).values()), flush=True)
-        procs.stop().get(timeout=60)
-    """
     rc, out, err = run_client(
         tmp_path,
-        body,
+        _IMPORTERS,
         PYTHONPATH=os.pathsep.join([str(fake.parent), str(ROOT)]),
         MONARCH_HEARTBEAT_TIMEOUT="1",
         FAKE_TORCH_HOLD="3",
@@ -175,43 +178,11 @@ def test_an_import_announced_while_the_owner_subscribes_late_kills_no_proc(tmp_p
     once, and the one beat that announces it would reach nobody; the silence after it
     was taken for a death. The mesh is ready only once those subscriptions are in
     place (Watcher.listening), so the announcement is heard."""
-    fake = tmp_path / "fake" / "torch"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text(_GIL_HOLDING_TORCH)
-    body = """
-        import time
-        from monarch.actor import Actor, endpoint, this_host
-        from monarch.supervision import liveness
-
-        subscribe = liveness.Heartbeater._sync_heard
-        held = set()
-
-        async def late_subscribe(self):
-            with self._lock:
-                new = {s for s in set(self._heard) - set(self._nc_subs) if ".procs-" in s}
-            if self._nc is not None and new - held:  # once per subject it subscribes
-                held.update(new)
-                time.sleep(0.5)  # this thread is kept from running
-            await subscribe(self)
-
-        liveness.Heartbeater._sync_heard = late_subscribe
-
-        class Importer(Actor):
-            @endpoint
-            async def load(self) -> bool:
-                import torch  # on the proc's event loop, at once
-
-                return torch.HELD > 2.0
-
-        procs = this_host().spawn_procs(per_host={"gpus": 2})
-        importers = procs.spawn("importer", Importer)
-        print(sorted(importers.load.call().get(timeout=120).values()), flush=True)
-        procs.stop().get(timeout=60)
-    """
+    fake = _late_hearing(tmp_path, ".procs-")  # the owner, about to hear its procs
     rc, out, err = run_client(
         tmp_path,
-        body,
-        PYTHONPATH=os.pathsep.join([str(fake.parent), str(ROOT)]),
+        _IMPORTERS,
+        PYTHONPATH=os.pathsep.join([str(fake), str(ROOT)]),
         MONARCH_HEARTBEAT_TIMEOUT="1",
         FAKE_TORCH_HOLD="2.5",
     )
