@@ -152,23 +152,36 @@ _IMPORTERS = """
 """
 
 
+def _stand_in(tmp_path: Path) -> Path:
+    """A folder for the front of PYTHONPATH whose ``torch`` is the GIL-holding stand-in."""
+    fake = tmp_path / "fake"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text(_GIL_HOLDING_TORCH)
+    return fake
+
+
+def _run_beside_stand_in(tmp_path: Path, body: str, fake: Path, hold: str) -> tuple[str, str]:
+    """Run ``body`` with ``fake`` first on PYTHONPATH, a 1 s heartbeat timeout and the
+    stand-in holding the GIL ``hold`` seconds. Checks that the job lived and that no
+    heartbeat was missed; returns its stdout (stripped) and stderr."""
+    rc, out, err = run_client(
+        tmp_path,
+        body,
+        PYTHONPATH=os.pathsep.join([str(fake), str(ROOT)]),
+        MONARCH_HEARTBEAT_TIMEOUT="1",
+        FAKE_TORCH_HOLD=hold,
+    )
+    assert rc == 0, f"the job died:\n{out}\n{err}"
+    assert "heartbeat" not in err
+    return out.strip(), err
+
+
 def test_importing_torch_that_holds_the_gil_past_the_timeout_kills_no_proc(tmp_path, nats_url):
     """grpo_yield's case: procs import torch on their loop while the machine is busy;
     torch's C++ start-up holds the GIL, so no heartbeat can leave for longer than the
     timeout. Announced beforehand, that silence is allowed: the job lives on."""
-    fake = tmp_path / "fake" / "torch"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text(_GIL_HOLDING_TORCH)
-    rc, out, err = run_client(
-        tmp_path,
-        _IMPORTERS,
-        PYTHONPATH=os.pathsep.join([str(fake.parent), str(ROOT)]),
-        MONARCH_HEARTBEAT_TIMEOUT="1",
-        FAKE_TORCH_HOLD="3",
-    )
-    assert rc == 0, f"the job died:\n{out}\n{err}"
-    assert out.strip() == "[True, True]"
-    assert "heartbeat" not in err
+    out, _ = _run_beside_stand_in(tmp_path, _IMPORTERS, _stand_in(tmp_path), hold="3")
+    assert out == "[True, True]"
 
 
 def test_an_import_announced_while_the_owner_subscribes_late_kills_no_proc(tmp_path, nats_url):
@@ -179,16 +192,8 @@ def test_an_import_announced_while_the_owner_subscribes_late_kills_no_proc(tmp_p
     was taken for a death. The mesh is ready only once those subscriptions are in
     place (Watcher.listening), so the announcement is heard."""
     fake = _late_hearing(tmp_path, ".procs-")  # the owner, about to hear its procs
-    rc, out, err = run_client(
-        tmp_path,
-        _IMPORTERS,
-        PYTHONPATH=os.pathsep.join([str(fake), str(ROOT)]),
-        MONARCH_HEARTBEAT_TIMEOUT="1",
-        FAKE_TORCH_HOLD="2.5",
-    )
-    assert rc == 0, f"the job died:\n{out}\n{err}"
-    assert out.strip() == "[True, True]"
-    assert "heartbeat" not in err
+    out, _ = _run_beside_stand_in(tmp_path, _IMPORTERS, fake, hold="2.5")
+    assert out == "[True, True]"
 
 
 def _late_hearing(tmp_path: Path, marker: str) -> Path:
@@ -196,9 +201,7 @@ def _late_hearing(tmp_path: Path, marker: str) -> Path:
     sitecustomize (so every process of the job loads it) that holds a thread that
     hears heartbeats 0.5 s, as a CPU-starved one is, before it subscribes to
     heartbeat subjects containing ``marker`` (once per subject)."""
-    fake = tmp_path / "fake"
-    (fake / "torch").mkdir(parents=True)
-    (fake / "torch" / "__init__.py").write_text(_GIL_HOLDING_TORCH)
+    fake = _stand_in(tmp_path)
     site = f"""
         import time
         from monarch.supervision import liveness
@@ -244,16 +247,9 @@ def test_an_owner_importing_torch_once_its_procs_are_ready_loses_none(tmp_path, 
         print(sorted(pingers.ping.call().get(timeout=60).values()), torch.HELD > 2.0, flush=True)
         procs.stop().get(timeout=60)
     """
-    rc, out, err = run_client(
-        tmp_path,
-        body,
-        PYTHONPATH=os.pathsep.join([str(fake), str(ROOT)]),
-        MONARCH_HEARTBEAT_TIMEOUT="1",
-        FAKE_TORCH_HOLD="2.5",
-    )
-    assert rc == 0, f"the job died:\n{out}\n{err}"
-    assert out.strip() == "['pong', 'pong'] True"
-    assert "owner" not in err and "heartbeat" not in err
+    out, err = _run_beside_stand_in(tmp_path, body, fake, hold="2.5")
+    assert out == "['pong', 'pong'] True"
+    assert "owner" not in err
 
 
 def test_procs_spawned_on_from_a_received_proc_mesh_are_heard_from_the_start(
@@ -286,16 +282,8 @@ def test_procs_spawned_on_from_a_received_proc_mesh_are_heard_from_the_start(
         workers.initialized.get(timeout=60)
         print(spawner.load_on.call_one(workers).get(timeout=120), flush=True)
     """
-    rc, out, err = run_client(
-        tmp_path,
-        body,
-        PYTHONPATH=os.pathsep.join([str(fake), str(ROOT)]),
-        MONARCH_HEARTBEAT_TIMEOUT="1",
-        FAKE_TORCH_HOLD="2.5",
-    )
-    assert rc == 0, f"the job died:\n{out}\n{err}"
-    assert out.strip() == "[True, True]"
-    assert "heartbeat" not in err
+    out, _ = _run_beside_stand_in(tmp_path, body, fake, hold="2.5")
+    assert out == "[True, True]"
 
 
 def test_blocked_event_loop_is_reported_as_stalled_not_dead(tmp_path, nats_url):
