@@ -162,6 +162,26 @@ def reachable_host() -> str:
         return socket.gethostbyname(socket.gethostname())
 
 
+def usable_backend(backend: str) -> str:
+    """``backend`` less its NCCL part where this proc cannot run NCCL.
+
+    Rank 0 picks the backend for the whole world, but a proc of the same mesh
+    may see no GPU (a ``gpus`` coordinate past the machine's GPUs, an empty
+    ``CUDA_VISIBLE_DEVICES``) or have a torch without NCCL; torch refuses to
+    make an NCCL process group there, so that proc would never join and its
+    peers would wait in every collective until the timeout. It holds no CUDA
+    tensors, so it joins with the CPU backends alone: gloo's part of the world
+    is the same on every rank, and only the procs with a GPU reduce CUDA tensors.
+    """
+    parts = [p.strip() for p in backend.split(",")]
+    if not any(p.endswith("nccl") for p in parts):
+        return backend
+    if torch.cuda.is_available() and dist.is_nccl_available():
+        return backend
+    cpu = [p for p in parts if not p.endswith("nccl")]
+    return ",".join(cpu) if cpu else "gloo"
+
+
 class Groups:
     """This proc's membership of the world and of the process groups it has needed."""
 
@@ -191,6 +211,7 @@ class Groups:
     def init_world(self, host: str, port: int, backend: str) -> None:
         if dist.is_initialized():
             return
+        backend = usable_backend(backend)
         store = self.store
         if store is None:
             store = self.store = dist.TCPStore(

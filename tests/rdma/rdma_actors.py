@@ -47,8 +47,8 @@ class BufferOwner(Actor):
             os.environ["MONARCH_RDMA_TRANSPORT"] = name
 
     @endpoint
-    def make(self, name: str, size: int, seed: int = 0) -> RDMABuffer:
-        self.tensors[name] = pattern(size, seed)
+    def make(self, name: str, size: int, seed: int = 0, device: str = "cpu") -> RDMABuffer:
+        self.tensors[name] = pattern(size, seed).to(device)
         self.buffers[name] = RDMABuffer(self.tensors[name])
         return self.buffers[name]
 

@@ -258,3 +258,31 @@ def test_cuda_buffers_and_cuda_destinations(owners):
         )
     finally:
         buf.drop()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch has no CUDA here")
+def test_cuda_memory_owned_by_a_proc_is_read_and_written_from_cpu_and_cuda(owners, monkeypatch):
+    # the proc at gpus=0 sees the machine's first GPU as cuda:0
+    buf = owners.slice(gpus=0).make.call_one("gpu-src", 3 << 20, 5, "cuda:0").get(timeout=30)
+    try:
+        assert buf.transport == "tcp"  # process_vm_readv cannot reach GPU memory
+        expected = pattern(3 << 20, 5)
+        on_cpu = torch.zeros(3 << 20, dtype=torch.uint8)
+        buf.read_into(on_cpu).get(timeout=30)
+        assert torch.equal(on_cpu, expected)
+        on_gpu = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda")
+        buf.read_into(on_gpu, offset=1 << 20).get(timeout=30)
+        assert torch.equal(on_gpu.cpu(), expected[1 << 20 : 2 << 20])
+        buf.write_from(torch.full((5000,), 4, dtype=torch.uint8, device="cuda"), offset=7).get(
+            timeout=30
+        )
+        buf.write_from(b"\x02" * 10, offset=0).get(timeout=30)
+        after = owners.slice(gpus=0).contents.call_one("gpu-src").get(timeout=30)
+        expected[7:5007] = 4
+        expected[:10] = 2
+        assert torch.equal(after, expected)
+        monkeypatch.setenv("MONARCH_RDMA_TRANSPORT", "same_host")
+        with pytest.raises(TransportUnavailableError, match="cuda:0 memory"):
+            buf.read_into(on_cpu).get(timeout=30)
+    finally:
+        owners.slice(gpus=0).drop.call_one("gpu-src").get(timeout=30)

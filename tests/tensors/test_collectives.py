@@ -100,3 +100,20 @@ def test_cuda_tensors_reduce_over_nccl(procs2):
         assert total.device.type == "cuda"
         assert values(total, procs2) == [[3.0] * 4] * 2
         assert values(t.reduce("gpus", "stack"), procs2) == [[[1.0] * 4, [2.0] * 4]] * 2
+
+
+def test_procs_that_cannot_run_nccl_join_the_world_with_gloo(nats_url, monkeypatch):
+    # Rank 0 names NCCL for CUDA tensors; a proc without a GPU (here: every proc when
+    # torch has no CUDA, or the one at gpus=1 on a one-GPU machine) cannot make an NCCL
+    # group, so it joins with gloo alone instead of leaving its peers waiting.
+    from monarch.actor import this_host
+
+    monkeypatch.setenv("MONARCH_TENSOR_BACKEND", "cpu:gloo,cuda:nccl")
+    pm = this_host().spawn_procs(per_host={"gpus": 2}, name="nonccl")
+    try:
+        with pm.activate():
+            r = rank_value()
+            assert values(r.reduce("gpus", "sum"), pm) == [3.0, 3.0]
+            assert values(r.reduce("gpus", "stack"), pm) == [[1.0, 2.0]] * 2
+    finally:
+        pm.stop().get(timeout=60)
