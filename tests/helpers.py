@@ -57,6 +57,28 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool
     return predicate()
 
 
+def signal_storm(popen: Any, sig: int, limit: float = 20.0) -> tuple[int, int]:
+    """Send ``sig`` to ``popen`` again and again until it exits: (its exit code, signals sent).
+
+    A long-running process stops on the first signal; every later one lands
+    somewhere on its way out. SIGKILL after ``limit`` seconds (the code is then -9).
+    """
+    import signal as signal_mod
+    import subprocess
+
+    sent = 0
+    deadline = time.monotonic() + limit
+    while popen.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(popen.pid, sig)
+            sent += 1
+    try:
+        return popen.wait(timeout=max(0.0, deadline - time.monotonic()) + 1), sent
+    except subprocess.TimeoutExpired:
+        popen.send_signal(signal_mod.SIGKILL)
+        return popen.wait(timeout=10), sent
+
+
 def run_in_own_loop(coro, timeout: float = 90.0):  # type: ignore[no-untyped-def]
     """Run ``coro`` to its end, at most ``timeout`` s, on a loop of its own.
 

@@ -44,6 +44,7 @@ from monarch.broker.intake import subscribe_ordered
 from monarch.broker.registry import HOST_UID_ENV, HOSTS, PROCS, HostInfo, open_bucket
 from monarch.hosts import protocol as p
 from monarch.hosts.connect import connect, connected_url, local_address
+from monarch.hosts.stop_signals import ignore_stop_signals, stop_on_signals
 from monarch.supervision.liveness import Heartbeater, Watcher, announce_dead
 from monarch.supervision.streams import ensure_streams
 
@@ -265,7 +266,15 @@ class HostAgent:
             env["CUDA_VISIBLE_DEVICES"] = p.visible_device(
                 os.environ.get("CUDA_VISIBLE_DEVICES"), coord
             )
-        cmd = [sys.executable, "-m", "monarch.actors.hosting.proc", "--uid", uid, "--ready", spec["ready"]]
+        cmd = [
+            sys.executable,
+            "-m",
+            "monarch.actors.hosting.proc",
+            "--uid",
+            uid,
+            "--ready",
+            spec["ready"],
+        ]
         tie = functools.partial(child_dies_with_parent, os.getpid())
         return subprocess.Popen(
             cmd,
@@ -319,15 +328,10 @@ async def run_agent(
     connect_timeout: float = 60.0,
 ) -> None:
     """Run an agent until SIGINT or SIGTERM, then leave cleanly (procs stopped, entry removed)."""
-    import signal
-
     agent = HostAgent(url, name=name, labels=labels, capacity=capacity)
     await agent.start(connect_timeout)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(ValueError, NotImplementedError, RuntimeError):  # not main thread
-            loop.add_signal_handler(sig, stop.set)
+    stop_on_signals(asyncio.get_running_loop(), stop)  # a later signal: ignored, not fatal
     info = agent.info
     assert info is not None
     print(
@@ -338,5 +342,6 @@ async def run_agent(
     try:
         await stop.wait()
     finally:
+        ignore_stop_signals()
         await agent.close()
         print(f"monarch host {info.name} ({info.uid}) stopped", flush=True)

@@ -42,12 +42,12 @@ import ipaddress
 import json
 import os
 import secrets
-import signal
 import socket
 import struct
 from typing import Any
 
 from monarch.broker.config import settings
+from monarch.hosts.stop_signals import ignore_stop_signals, stop_on_signals
 
 HELLO_TIMEOUT = 10.0  # seconds a dialling client has to say hello
 SHUTDOWN = b"shutdown"  # the client's last line: its host mesh is shut down, the worker ends
@@ -62,7 +62,7 @@ def _proc_net_hex(host: str, port: int) -> tuple[str, str]:
     """``host:port`` as /proc/net/tcp (IPv4) and /proc/net/tcp6 print it."""
     addr = ipaddress.ip_address(host)
     packed = addr.packed if addr.version == 6 else ipaddress.IPv6Address(f"::ffff:{addr}").packed
-    v6 = "".join(f"{int.from_bytes(packed[i:i + 4], 'little'):08X}" for i in range(0, 16, 4))
+    v6 = "".join(f"{int.from_bytes(packed[i : i + 4], 'little'):08X}" for i in range(0, 16, 4))
     v4 = f"{int.from_bytes(addr.packed, 'little'):08X}" if addr.version == 4 else ""
     return (f"{v4}:{port:04X}" if v4 else ""), f"{v6}:{port:04X}"
 
@@ -183,20 +183,15 @@ class DialInWorker:
         client being served shuts its host mesh down (as Monarch's workers end)."""
         server = await _listen(self.bind, self._client)
         stop = self._stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(ValueError, NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, stop.set)
+        stop_on_signals(asyncio.get_running_loop(), stop)
         print(f"monarch worker listening at {self.dial} (bound to {self.bind})", flush=True)
-        async with server:
-            await stop.wait()
-        # Stopping already: a SIGTERM during the rest of the way out (a supervisor's,
-        # sent because the client's shutdown and its own crossed) must not turn a
-        # clean exit into death by signal.
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(ValueError, NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)
-                signal.signal(sig, signal.SIG_IGN)
+        try:
+            async with server:
+                await stop.wait()
+        finally:
+            # Stopping already (a signal, or the client shut its host mesh down): a
+            # SIGTERM on the rest of the way out must not make it death by signal.
+            ignore_stop_signals()
         if self.bind.startswith(("ipc://", "unix:")):
             with contextlib.suppress(OSError):
                 os.unlink(_unix_path(self.bind))

@@ -13,11 +13,30 @@ from monarch.broker.codec import dumps, loads
 from monarch.broker.registry import HeartbeatSeen, list_hosts
 from monarch.hosts.protocol import PING, SPAWN, visible_device
 from monarch.supervision.streams import heartbeat_stream
+from tests.helpers import signal_storm
 from tests.hosts.agents import start_agent, unique_label
 
 
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+def test_agent_sent_a_stream_of_signals_still_leaves_cleanly(nats_url):
+    # The first signal stops it; the rest land anywhere on its way out (its
+    # procs stopped, its entry removed, the event loop closed): none may kill it.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        agent = start_agent("storm", "--labels", f"t={unique_label()}").wait_ready()
+        code, sent = signal_storm(agent.popen, sig)
+        assert (code, sent > 1) == (0, True)
+
+        async def registered():
+            nc = await nats.connect(nats_url)
+            try:
+                return [h.uid for h in await list_hosts(nc, "default")]
+            finally:
+                await nc.close()
+
+        assert agent.uid not in run(registered())
 
 
 def test_agent_registers_beats_answers_and_deregisters_on_exit(nats_url):

@@ -13,11 +13,12 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from monarch.actor import Actor, Future, attach_to_workers, context, endpoint
-from tests.helpers import wait_until
+from tests.helpers import signal_storm, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,7 +39,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_worker(address: str, pass_fds: tuple[int, ...] = (), **extra_env: str) -> subprocess.Popen:
+def start_worker(
+    address: str, pass_fds: tuple[int, ...] = (), stdout: Any = None, **extra_env: str
+) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MONARCH_")}
     env["PYTHONPATH"] = str(ROOT)
     env.update(extra_env)
@@ -46,7 +49,7 @@ def start_worker(address: str, pass_fds: tuple[int, ...] = (), **extra_env: str)
         "from monarch.actor import run_worker_loop_forever\n"
         f"run_worker_loop_forever(address={address!r}, ca='trust_all_connections')\n"
     )
-    return subprocess.Popen([sys.executable, "-c", code], env=env, pass_fds=pass_fds)
+    return subprocess.Popen([sys.executable, "-c", code], env=env, pass_fds=pass_fds, stdout=stdout)
 
 
 def stop_workers(workers: list[subprocess.Popen]) -> list[int]:
@@ -86,6 +89,18 @@ def test_attach_dials_workers_given_tcp_alias_ipc_and_future_addresses(nats_url,
     assert ranks == [0, 1]
     assert len(pids) == 2 and not pids & {w.pid for w in workers}  # procs of their own
     assert codes == [0, 0]  # and the workers stopped cleanly on SIGTERM
+
+
+def test_a_worker_sent_a_stream_of_sigterms_still_exits_cleanly(tmp_path):
+    # The first SIGTERM stops it; the rest land anywhere on its way out (a
+    # supervisor's signal crossing a client's shutdown): none may kill it.
+    for i in range(3):
+        worker = start_worker(f"ipc://{tmp_path}/storm-{i}", stdout=subprocess.PIPE)
+        assert "listening" in worker.stdout.readline().decode()
+        code, sent = signal_storm(worker, signal.SIGTERM)
+        worker.stdout.close()
+        assert (code, sent > 1) == (0, True)
+    assert not list(tmp_path.glob("storm-*"))  # and each removed its socket file
 
 
 def test_a_worker_on_an_inherited_socket_ends_when_its_client_shuts_the_hosts_down(nats_url):
