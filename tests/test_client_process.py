@@ -263,3 +263,116 @@ def test_the_embedded_broker_outlives_the_thread_that_first_used_monarch(tmp_pat
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["1", "2"]
+
+
+# -- a fault nobody handled ends the client as Monarch's does ------------------------
+
+FAULTY_CLIENT = """
+import atexit, time
+import monarch.actor
+from monarch.actor import this_host
+from tests.actors.actors_for_tests import Echo
+
+atexit.register(lambda: print("atexit ran", flush=True))
+procs = this_host().spawn_procs(per_host={"gpus": 1})
+echo = procs.spawn("echo", Echo)
+print("proc", echo.whoami.call_one().get()["pid"], flush=True)
+"""
+
+
+def _proc_pid(stdout: str) -> int:
+    return int(next(line for line in stdout.splitlines() if line.startswith("proc ")).split()[1])
+
+
+def test_an_unhandled_fault_interrupts_the_main_thread_and_the_client_ends_like_a_program(
+    tmp_path,
+):
+    # As Monarch: the default hook leaves the fault unhandled, the main thread gets
+    # a KeyboardInterrupt (even inside a long sleep), and the interpreter ends the way
+    # a program does: finally blocks and atexit handlers run, then the procs stop.
+    result, store = run_script(
+        tmp_path,
+        FAULTY_CLIENT
+        + """
+echo.fail.broadcast("nobody handles this")
+try:
+    time.sleep(60)
+    print("slept through", flush=True)
+except BaseException as e:
+    print("main thread got", type(e).__name__, flush=True)
+    raise
+""",
+    )
+    lines = result.stdout.splitlines()
+    assert lines[1:] == ["main thread got KeyboardInterrupt", "atexit ran"], result.stderr
+    assert result.returncode == -signal.SIGINT  # a KeyboardInterrupt's status, as Monarch's
+    assert "Unhandled monarch failure" in result.stderr
+    assert "nobody handles this" in result.stderr
+    assert wait_until(lambda: not pid_alive(_proc_pid(result.stdout)), timeout=15)
+    assert list(store.iterdir()) == []  # the embedded broker stopped cleanly too
+
+
+def test_a_fault_hook_that_returns_drops_the_fault_and_one_that_raises_ends_the_client(
+    tmp_path,
+):
+    result, _ = run_script(
+        tmp_path,
+        FAULTY_CLIENT
+        + """
+seen = []
+monarch.actor.unhandled_fault_hook = lambda failure: seen.append(failure.mesh_name)
+echo.fail.broadcast("dropped by the hook")
+while not seen:
+    time.sleep(0.05)
+print("dropped", seen, flush=True)
+
+def refuse(failure):
+    raise RuntimeError("this hook refuses " + failure.mesh_name)
+
+monarch.actor.unhandled_fault_hook = refuse
+echo2 = procs.spawn("echo2", Echo)
+echo2.fail.broadcast("left unhandled")
+try:
+    time.sleep(60)
+    print("slept through", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+""",
+    )
+    lines = result.stdout.splitlines()
+    assert lines[1:] == ["dropped ['echo']", "interrupted", "atexit ran"], result.stderr
+    assert "RuntimeError: this hook refuses echo2" in result.stderr
+    assert result.returncode == 0  # the script caught the KeyboardInterrupt and ended
+
+
+def test_an_unhandled_fault_in_a_multiprocessing_child_exits_1_after_its_atexit_handlers(
+    tmp_path,
+):
+    # Monarch's own test of this runs the client in a spawned multiprocessing child.
+    marker = tmp_path / "marker.txt"
+    result, _ = run_script(
+        tmp_path,
+        f"""
+import multiprocessing
+
+def client(marker):
+    import atexit, time
+    from monarch.actor import this_host
+    from tests.actors.actors_for_tests import Echo
+
+    atexit.register(lambda: open(marker, "w").write("finalized"))
+    procs = this_host().spawn_procs(per_host={{"gpus": 1}})
+    echo = procs.spawn("echo", Echo)
+    echo.ping.call_one(1).get()
+    echo.fail.broadcast("in the child")
+    time.sleep(60)
+
+if __name__ == "__main__":
+    p = multiprocessing.get_context("spawn").Process(target=client, args=[{str(marker)!r}])
+    p.start()
+    p.join(90)
+    print("exitcode", p.exitcode, flush=True)
+""",
+    )
+    assert result.stdout.strip() == "exitcode 1", result.stderr
+    assert marker.read_text() == "finalized"

@@ -17,6 +17,7 @@ import atexit
 import logging
 import os
 import secrets
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -55,8 +56,39 @@ def embedded_broker_url() -> str | None:
 
 
 def default_unhandled_fault_hook(failure: MeshFailure) -> None:
-    """Print the failure and exit the client with status 1."""
+    """Print the failure and leave it unhandled (``sys.exit(1)``, as Monarch's): the client ends.
+
+    A hook that raises (anything, ``SystemExit`` too) leaves the fault
+    unhandled and the client ends (:func:`end_client_for_unhandled_fault`);
+    one that returns drops the fault and the client goes on.
+    """
     print(f"Unhandled monarch failure:\n{failure.report()}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+_ending = threading.Lock()  # held from the first unhandled fault on: the client ends once
+
+
+def end_client_for_unhandled_fault() -> None:
+    """End the client as Monarch does for a fault nobody handled: a KeyboardInterrupt
+    in the main thread.
+
+    Only the main thread can end the interpreter the way a Python program ends
+    (``finally`` blocks, atexit handlers, destructors; our own atexit handler
+    then stops the procs and the broker), so SIGINT is sent to that thread
+    itself: a ``time.sleep`` or a ``.get()`` there is interrupted at once. The
+    status is a KeyboardInterrupt's (130 from a shell; 1 in a multiprocessing
+    child). Once only: a second fault must not interrupt the first one's
+    cleanup. Where nothing in Python would hear SIGINT (the main thread has
+    ended, or SIGINT is ignored or left to the OS), the runtime is stopped
+    (bounded) and the process exits 1.
+    """
+    if not _ending.acquire(blocking=False):
+        return
+    main = threading.main_thread()
+    if main.is_alive() and callable(signal.getsignal(signal.SIGINT)):
+        signal.pthread_kill(main.ident, signal.SIGINT)  # type: ignore[arg-type]
+        return
     done = threading.Thread(target=shutdown_runtime, daemon=True)
     done.start()
     done.join(10)
@@ -192,6 +224,7 @@ async def _connect_client(rt: Runtime, url: str) -> None:
         owner_proc=None,
         find_actor=lambda actor_id: local_server(rt).find(actor_id),
         fault_hook=current_fault_hook,
+        on_unhandled=end_client_for_unhandled_fault,
     )
     # The root also serves control messages: this_proc() actors, and the job's
     # singleton controllers, which only the root hands out.

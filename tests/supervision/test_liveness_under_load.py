@@ -5,7 +5,7 @@ MONARCH_HEARTBEAT_TIMEOUT (the session's client keeps the default), against
 the session's broker, while CPU load that the test makes itself (busy-loop
 processes, bounded in time and killed at the end) competes for the machine.
 A script that ends with status 0 and prints its result had no proc declared
-dead: an unhandled failure runs the default fault hook, which exits 1.
+dead: an unhandled failure runs the default fault hook, which ends the client.
 """
 
 from __future__ import annotations

@@ -61,12 +61,15 @@ class Supervisor:
         rt: Runtime,
         find_actor: Callable[[str], Any],
         fault_hook: FaultHookSource | None = None,
+        on_unhandled: Callable[[], None] | None = None,
     ) -> None:
         self.rt = rt
         # The live actor of this process with an actor id (the proc's server, handed in).
         self.find_actor = find_actor
-        # At the root: where the hook for failures nobody handled is looked up.
+        # At the root: where the hook for failures nobody handled is looked up, and
+        # what ends the client when the hook leaves one unhandled (by raising).
         self.fault_hook = fault_hook
+        self.on_unhandled = on_unhandled
         cfg = rt.settings
         # Off the loop, on a connection of its own: a busy loop is not a dead process.
         own_connection = functools.partial(
@@ -173,7 +176,9 @@ class Supervisor:
             for rank, uid in enumerate(st.proc_uids or ()):
                 if uid == proc_uid and rank not in st.dead:
                     actor = describe_actor(st.cls, st.class_name, st.name, Point(rank, st.base))
-                    why = f"the process this actor was running on failed: {reason} (proc {proc_uid})"
+                    why = (
+                        f"the process this actor was running on failed: {reason} (proc {proc_uid})"
+                    )
                     err = SupervisionError(
                         actor_failed_message(actor, why), actor_id=st.actor_id(rank), rank=rank
                     )
@@ -246,8 +251,12 @@ class Supervisor:
             for one in each:
                 try:
                     hook(one)
-                except Exception:
-                    traceback.print_exc()
+                except BaseException as e:  # as Monarch: raising (sys.exit too) leaves it unhandled
+                    if not isinstance(e, SystemExit):
+                        traceback.print_exc()
+                    if self.on_unhandled is not None:
+                        self.on_unhandled()
+                    return
 
         threading.Thread(target=run, name="monarch-fault-hook", daemon=True).start()
 
@@ -294,14 +303,15 @@ async def start_supervision(
     owner_proc: str | None,
     find_actor: Callable[[str], Any],
     fault_hook: FaultHookSource | None = None,
+    on_unhandled: Callable[[], None] | None = None,
 ) -> Supervisor:
     """Heartbeat, route failures, and (in a proc) exit when the owner's process is gone.
 
     ``find_actor(actor_id)`` finds an owner actor of this process (the proc's
     server); ``fault_hook`` is the root's (the client's): where failures nobody
-    handled end.
+    handled end, and ``on_unhandled`` what ends the client when that hook raises.
     """
-    sup = Supervisor(rt, find_actor, fault_hook)
+    sup = Supervisor(rt, find_actor, fault_hook, on_unhandled)
     actor_process(rt).supervisor = sup
     await sup.start(create_streams=create_streams)
     rt.on_close(sup.stop)
