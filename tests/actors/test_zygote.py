@@ -122,10 +122,13 @@ while not with_torch["torch"] and time.monotonic() < deadline:
     with_torch = more.spawn("more", Where).where.call_one().get(timeout=30)
 torch_zygote = launcher._the_zygote.torch_zygote
 os.kill(torch_zygote, signal.SIGKILL)  # as the OOM killer would
-while os.path.exists(f"/proc/{torch_zygote}/stat") and time.monotonic() < deadline:
-    with open(f"/proc/{torch_zygote}/stat") as f:
-        if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-            break  # dead, not yet reaped
+while time.monotonic() < deadline:
+    try:
+        with open(f"/proc/{torch_zygote}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break  # dead, not yet reaped
+    except OSError:  # ProcessLookupError too: reaped between the open and the read
+        break  # dead and reaped
     time.sleep(0.05)
 after = this_host().spawn_procs(per_host={"gpus": 2})
 after_where = sorted(after.spawn("after", Where).where.call().get(timeout=30).values(),
