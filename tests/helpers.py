@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
+import subprocess
 import threading
 import time
 from typing import Any
@@ -63,9 +65,6 @@ def signal_storm(popen: Any, sig: int, limit: float = 20.0) -> tuple[int, int]:
     A long-running process stops on the first signal; every later one lands
     somewhere on its way out. SIGKILL after ``limit`` seconds (the code is then -9).
     """
-    import signal as signal_mod
-    import subprocess
-
     sent = 0
     deadline = time.monotonic() + limit
     while popen.poll() is None and time.monotonic() < deadline:
@@ -75,7 +74,7 @@ def signal_storm(popen: Any, sig: int, limit: float = 20.0) -> tuple[int, int]:
     try:
         return popen.wait(timeout=max(0.0, deadline - time.monotonic()) + 1), sent
     except subprocess.TimeoutExpired:
-        popen.send_signal(signal_mod.SIGKILL)
+        popen.send_signal(signal.SIGKILL)
         return popen.wait(timeout=10), sent
 
 

@@ -87,9 +87,8 @@ def test_cuda_reduce_between_ranks_sharing_a_gpu_fails_at_the_caller(gpu_procs):
     with gpu_procs.activate():
         t = torch.ones(4, device="cuda") * rank_value().cuda()
         total = t.reduce("hosts", "sum")
-        with pytest.raises(RemoteTensorError, match="reduce") as info:
+        with pytest.raises(RemoteTensorError, match=r"reduce\(\['hosts'\], 'sum'\) failed"):
             monarch.fetch_shard(total, {"hosts": 0, "gpus": 0}).get(timeout=120)
-        print("NCCL between two ranks on one GPU says:", info.value)
         # the procs live on and still compute on the GPU
         assert values(t + 1, gpu_procs) == [[2.0] * 4, [3.0] * 4]
 
