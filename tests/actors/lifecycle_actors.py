@@ -135,6 +135,41 @@ class Finalized(Actor):
             f.write("del")
 
 
+class _WritesOnRelease:
+    """A resource (an open file) that its ``__del__`` finishes and closes."""
+
+    def __init__(self, path: str) -> None:
+        self.file = open(path, "w")  # noqa: SIM115  (closed by __del__, the point here)
+
+    def __del__(self) -> None:
+        self.file.write("released at exit")
+        self.file.close()
+
+
+_kept_until_exit: _WritesOnRelease | None = None  # a module global, as users keep resources
+
+
+class KeepsAGlobal(Actor):
+    """Keeps an object in a module global (released only when the interpreter
+    finalizes) and registers an atexit handler."""
+
+    def __init__(self, directory: str) -> None:
+        import atexit
+
+        global _kept_until_exit
+        _kept_until_exit = _WritesOnRelease(os.path.join(directory, f"global-{os.getpid()}"))
+        atexit.register(_write, os.path.join(directory, f"atexit-{os.getpid()}"))
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _write(path: str) -> None:
+    with open(path, "w") as f:
+        f.write("atexit ran")
+
+
 class Aborter(Actor):
     @endpoint
     def abort(self, reason: str | None = None) -> str:

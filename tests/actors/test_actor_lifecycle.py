@@ -4,6 +4,10 @@ one thread its sync endpoints run on."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from monarch.actor import (
@@ -20,13 +24,16 @@ from tests.actors.lifecycle_actors import (
     AsyncCleanup,
     CancelledThenCleanup,
     Finalized,
+    KeepsAGlobal,
     LocalChildOwner,
     ProcInfo,
     SyncEndpointsAsyncCleanup,
     SyncEndpointsAsyncSupervise,
     ThreadLocal,
 )
-from tests.helpers import proc_mesh_fixture
+from tests.helpers import pid_alive, proc_mesh_fixture, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
 
 procs = proc_mesh_fixture({"gpus": 2})
 
@@ -92,6 +99,71 @@ def test_finalizers_run_when_the_proc_mesh_stops(nats_url, tmp_path):
     pids = sorted(mesh.pid.call().get(timeout=30).values())
     pm.stop().get(timeout=60)
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"del-{pid}" for pid in pids]
+
+
+def test_a_stopped_proc_finalizes_like_a_python_program(nats_url, tmp_path):
+    # As Monarch's procs (Py_FinalizeEx): atexit handlers run and module globals are
+    # released, so an actor that keeps a resource in one gets to close it.
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    mesh = pm.spawn("keeps", KeepsAGlobal, str(tmp_path))
+    pids = sorted(mesh.pid.call().get(timeout=30).values())
+    pm.stop().get(timeout=60)
+    assert wait_until(lambda: not any(pid_alive(p) for p in pids), 30)
+    expected = sorted([f"atexit-{p}" for p in pids] + [f"global-{p}" for p in pids])
+    assert sorted(p.name for p in tmp_path.iterdir()) == expected
+    for pid in pids:
+        assert (tmp_path / f"global-{pid}").read_text() == "released at exit"
+
+
+def test_finalizing_releases_the_users_modules_and_leaves_monarch_and_libraries_alone(tmp_path):
+    # Daemon threads of monarch (heartbeats, log forwarding) still run while a stopped
+    # proc finalizes: every monarch module keeps its globals, not only monarch.actors'.
+    (tmp_path / "users_module.py").write_text("RESOURCE = object()\n")
+    script = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import json
+import users_module
+import monarch.broker.codec, monarch.core.runtime, monarch.supervision.liveness
+from monarch.actors.hosting.proc import release_user_module_globals
+release_user_module_globals()
+print(users_module.RESOURCE, monarch.broker.codec.dumps is not None,
+      monarch.core.runtime.Runtime is not None, monarch.supervision.liveness.__name__,
+      json.dumps is not None)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split()
+    assert out == ["None", "True", "True", "monarch.supervision.liveness", "True"]
+
+
+def test_finalizing_skips_only_torchs_own_operator_library_finalizers():
+    # ~130 of them cost a proc forked with torch 30-70 ms at exit for nothing a user sees;
+    # every other weakref.finalize (a user's) still runs at exit.
+    script = """
+import weakref, torch.library
+from monarch.actors.hosting.proc import skip_torch_library_finalizers
+class Resource: pass
+kept = Resource()
+users = weakref.finalize(kept, print, "released")
+skip_torch_library_finalizers()
+torchs = [f for f in weakref.finalize._registry if f.peek()[1] is torch.library._del_library]
+print(len(torchs) > 10, any(f.atexit for f in torchs), users.atexit)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout.split()
+    assert out == ["True", "False", "True", "released"]
 
 
 @pytest.mark.parametrize(
