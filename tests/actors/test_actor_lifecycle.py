@@ -115,6 +115,19 @@ def test_a_stopped_proc_finalizes_like_a_python_program(nats_url, tmp_path):
         assert (tmp_path / f"global-{pid}").read_text() == "released at exit"
 
 
+def printed_words(script: str, *args: str) -> list[str]:
+    """What a fresh interpreter running ``script`` prints (it changes process-wide state)."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return done.stdout.split()
+
+
 def test_finalizing_releases_the_users_modules_and_leaves_monarch_and_libraries_alone(tmp_path):
     # Daemon threads of monarch (heartbeats, log forwarding) still run while a stopped
     # proc finalizes: every monarch module keeps its globals, not only monarch.actors'.
@@ -131,14 +144,7 @@ print(users_module.RESOURCE, monarch.broker.codec.dumps is not None,
       monarch.core.runtime.Runtime is not None, monarch.supervision.liveness.__name__,
       json.dumps is not None)
 """
-    out = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout.split()
+    out = printed_words(script, str(tmp_path))
     assert out == ["None", "True", "True", "monarch.supervision.liveness", "True"]
 
 
@@ -155,14 +161,7 @@ skip_torch_library_finalizers()
 torchs = [f for f in weakref.finalize._registry if f.peek()[1] is torch.library._del_library]
 print(len(torchs) > 10, any(f.atexit for f in torchs), users.atexit)
 """
-    out = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout.split()
+    out = printed_words(script)
     assert out == ["True", "False", "True", "released"]
 
 

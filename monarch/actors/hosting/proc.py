@@ -143,6 +143,7 @@ def exit_like_python() -> None:
     # global's object goes with its last reference, cycles are not worth that here)
     sys.stdout.flush()
     sys.stderr.flush()
+    # Threads of actors stuck in an endpoint must not keep a stopped proc alive.
     os._exit(0)
 
 
@@ -154,9 +155,9 @@ def skip_torch_library_finalizers() -> None:
     zygote, running them is 30-70 ms of copy-on-write page faults, most of
     what finalizing costs (stopping a 4-proc mesh with torch took 0.07-0.10 s
     with them, 0.03 s without, as with no finalizing at all), for a registry
-    that disappears with the process anyway. Every
-    other finalizer still runs (``finalize.atexit`` is its documented switch;
-    the registry itself is CPython's private ``_registry``).
+    that disappears with the process anyway. Every other finalizer still runs
+    (``finalize.atexit`` is its documented switch; the registry itself is
+    CPython's private ``_registry``).
     """
     torch_library = sys.modules.get("torch.library")
     release = getattr(torch_library, "_del_library", None)
