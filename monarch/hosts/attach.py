@@ -161,15 +161,21 @@ def attach_to_workers(
     finally:
         for line in lifelines:  # dialled workers serve us until the runtime closes
             rt.on_close(line.close)
+
     def end_dialled_workers() -> None:
         for line in lifelines:
             dial_in.shutdown_lifeline(line)
+
+    def hang_up_on_dialled_workers() -> None:  # they wait for the next client
+        for line in lifelines:
+            line.close()
 
     return HostMesh(
         View.full(Extent(["hosts"], [len(found)])),
         found,
         agent_launcher=AgentLauncher,
         on_shutdown=end_dialled_workers if lifelines else None,
+        on_stop=hang_up_on_dialled_workers if lifelines else None,
     )
 
 

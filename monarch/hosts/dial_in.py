@@ -11,7 +11,10 @@ runs a host agent on that broker with those settings, answers with the agent's
 uid (or ``{"error": ...}``), and keeps the agent while the client keeps the
 connection open: the connection is the client's lifeline. When it closes (the
 client ended), the agent stops its procs and leaves, and the worker waits for
-the next client. One client at a time; another one is told so.
+the next client (``HostMesh.stop()`` hangs up so; ``shutdown()`` says
+``shutdown`` first, and the worker ends). One client at a time; another one
+is told so, except that one coming while the last one's agent closes after
+it hung up waits for that.
 
 Nothing but the hello travels on that connection; every message goes through
 the broker. The client's embedded broker listens on loopback only, so a worker
@@ -51,6 +54,7 @@ from monarch.hosts.stop_signals import ignore_stop_signals, stop_on_signals
 
 HELLO_TIMEOUT = 10.0  # seconds a dialling client has to say hello
 SHUTDOWN = b"shutdown"  # the client's last line: its host mesh is shut down, the worker ends
+HANG_UP_WAIT = 30.0  # seconds a client waits for the one before it (which hung up) to be let go
 KEY_ENV = "MONARCH_WORKER_KEY"  # shared secret that lets clients on other machines attach
 
 
@@ -176,6 +180,10 @@ class DialInWorker:
         self.dial, self.bind = split_address(address)
         self.name, self.labels, self.capacity = name, labels, capacity
         self._busy: int | None = None  # pid of the client being served
+        # Set once the client being served hung up (its agent is being closed), and
+        # set when the worker is free again: a client that comes meanwhile waits.
+        self._hung_up = False
+        self._free = asyncio.Event()
         self._stop: asyncio.Event | None = None
 
     async def serve_forever(self) -> None:
@@ -227,15 +235,22 @@ class DialInWorker:
                 await _reply(writer, error=refusal)
                 return
             env = {k: str(v) for k, v in hello["env"].items() if k.startswith("MONARCH_")}
+            if self._busy is not None and self._hung_up:
+                # The last client hung up (HostMesh.stop) and its agent is closing: a
+                # reconnect right after that is served once it is done, not refused.
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._free.wait(), HANG_UP_WAIT)
             if self._busy is not None:
                 await _reply(writer, error=f"worker {self.dial} serves another client "
                              f"(pid {self._busy}); one client at a time")  # fmt: skip
                 return
-            self._busy = int(hello.get("pid", 0))
+            self._busy, self._hung_up = int(hello.get("pid", 0)), False
+            self._free.clear()
             try:
                 await self._serve(hello, env, reader, writer)
             finally:
                 self._busy = None
+                self._free.set()
         except (OSError, ValueError, KeyError, asyncio.TimeoutError):
             pass  # not a client of ours, or one that left mid-hello
         finally:
@@ -268,6 +283,7 @@ class DialInWorker:
                         self._stop.set()
                         break
             finally:
+                self._hung_up = True
                 await agent.close()
         finally:
             for k, v in saved.items():

@@ -1,6 +1,6 @@
-"""HostMesh and ProcMesh names from Monarch 0.7: shutdown, bootstrap commands, rank tensors.
+"""HostMesh and ProcMesh names from Monarch 0.7: shutdown, stop, bootstrap commands, rank tensors.
 
-``HostMesh.shutdown()``, ``with_python_executable``, ``is_fake_in_process``,
+``HostMesh.shutdown()``, ``HostMesh.stop()``, ``with_python_executable``, ``is_fake_in_process``,
 ``default_bootstrap_cmd`` (with ``spawn_procs(bootstrap_command=...)``),
 ``spawn_procs(proc_bind=...)`` and ``ProcMesh.rank_tensor`` / ``rank_tensors``
 behave as in Monarch 0.7; each
@@ -194,6 +194,36 @@ def test_shutdown_of_an_owned_host_mesh_stops_its_procs(one_agent):
     with pytest.raises(RuntimeError, match="already been shut down"):
         hosts.shutdown().get(timeout=10)
     assert agent.popen.poll() is None  # the agent itself keeps serving other clients
+
+
+def test_stop_of_an_owned_host_mesh_stops_only_its_own_procs(one_agent):
+    # As Monarch's HostMesh.stop: its procs end, another host mesh's procs on the
+    # same host do not, and the host stays for a new host mesh.
+    label, agent = one_agent
+    first = attach_to_workers(hosts=1, labels={"t": label}, timeout=30)
+    second = attach_to_workers(hosts=1, labels={"t": label}, timeout=30)
+    mine = first.spawn_procs(per_host={"gpus": 2}, name="first")
+    theirs = second.spawn_procs(per_host={"gpus": 1}, name="second")
+    mine_pids = [v["pid"] for v in mine.spawn("w", Where).where.call().get(timeout=60).values()]
+    other = theirs.spawn("w", Where)
+    (their_pid,) = [v["pid"] for v in other.where.call().get(timeout=60).values()]
+    for reference in (this_host(), first.slice(hosts=0)):
+        with pytest.raises(RuntimeError, match="cannot stop `HostMesh` that is a reference"):
+            reference.stop().get(timeout=10)
+    assert first.stop().get(timeout=60) is None
+    assert not any(pid_alive(p) for p in mine_pids)
+    assert pid_alive(their_pid) and other.add.call_one(1).get(timeout=60) == 2
+    with pytest.raises(RuntimeError, match="already been stopped"):
+        first.spawn_procs(per_host={"gpus": 1})
+    with pytest.raises(RuntimeError, match="already been stopped"):
+        first.stop().get(timeout=10)
+    assert agent.popen.poll() is None
+    third = attach_to_workers(hosts=1, labels={"t": label}, timeout=30)
+    fresh = third.spawn_procs(per_host={"gpus": 1}, name="third")
+    assert fresh.spawn("w", Where).add.call_one(2).get(timeout=60) == 3
+    third.shutdown().get(timeout=60)
+    second.shutdown().get(timeout=60)
+    assert not pid_alive(their_pid)
 
 
 def test_owned_host_mesh_sent_to_an_actor_is_a_reference_there(one_agent, nats_url):

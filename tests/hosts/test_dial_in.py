@@ -131,6 +131,34 @@ def test_a_worker_on_an_inherited_socket_ends_when_its_client_shuts_the_hosts_do
     assert code == 0
 
 
+def test_stopping_the_host_mesh_ends_its_procs_and_keeps_the_worker_for_a_reconnect(
+    nats_url, tmp_path
+):
+    """``HostMesh.stop()``, as Monarch's: the procs end, the worker does not; the
+    same address attached again serves a new host mesh, whose shutdown ends it."""
+    address = f"ipc://{tmp_path}/worker-stop"
+    worker = start_worker(address)
+    try:
+        hosts = attach_to_workers(workers=[address], timeout=60)
+        where = hosts.spawn_procs(per_host={"gpus": 1}).spawn("where_stop", Where)
+        (pid,) = where.pid.call().get(timeout=60).values()
+        assert hosts.stop().get(timeout=60) is None
+        assert wait_until(lambda: not os.path.exists(f"/proc/{pid}"), timeout=30)
+        with pytest.raises(RuntimeError, match="already been stopped"):
+            hosts.spawn_procs(per_host={"gpus": 1})
+        assert worker.poll() is None  # still there, waiting for the next client
+
+        again = attach_to_workers(workers=[address], timeout=60)
+        where = again.spawn_procs(per_host={"gpus": 1}).spawn("where_again", Where)
+        assert list(where.rank.call().get(timeout=60).values()) == [0]
+        again.shutdown().get(timeout=60)
+        code = worker.wait(timeout=60)  # the shutdown ends it
+    finally:
+        if worker.poll() is None:
+            stop_workers([worker])
+    assert code == 0
+
+
 def test_attach_to_an_address_nobody_listens_on_fails_within_its_timeout(nats_url, tmp_path):
     """No worker at the address: a TimeoutError naming it, never a hang."""
     missing = f"ipc://{tmp_path}/never-bound"

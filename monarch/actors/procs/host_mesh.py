@@ -211,6 +211,7 @@ class HostMesh(MeshShapeOps):
         machine: str | None = None,
         agent_launcher: AgentLauncherFactory | None = None,
         on_shutdown: Callable[[], None] | None = None,
+        on_stop: Callable[[], None] | None = None,
         _spawned: list[ProcMeshState] | None = None,
     ) -> None:
         if hosts is not None and agent_launcher is None:
@@ -227,6 +228,10 @@ class HostMesh(MeshShapeOps):
         # Run on the loop once shutdown() has stopped them (attach_to_workers: tell the
         # workers it dialled that they may end, as Monarch's do).
         self._on_shutdown = on_shutdown
+        # Run on the loop once stop() has stopped them (attach_to_workers: hang up on the
+        # workers it dialled, which then wait for the next client).
+        self._on_stop = on_stop
+        self._ended = ""  # "shut down" or "stopped" once one of them ran (owned is then None)
 
     def _new_with_view(self, view: View) -> HostMesh:
         return self._copy(view=view, owned=False)
@@ -287,7 +292,7 @@ class HostMesh(MeshShapeOps):
                 "setup code in an actor's __init__ (or a bootstrap_command's program)"
             )
         if self._owned is None:
-            raise RuntimeError("HostMesh has already been shut down")
+            raise RuntimeError(f"HostMesh has already been {self._ended or 'shut down'}")
         per_host = dict(per_host or {})
         for label, size in per_host.items():
             if isinstance(size, bool) or not isinstance(size, int):
@@ -346,30 +351,48 @@ class HostMesh(MeshShapeOps):
 
         Only an owned mesh (the one ``attach_to_workers`` returned, not a slice,
         a copy or a received reference) may be shut down; any other makes the
-        future raise ``RuntimeError``, as in Monarch. The host agents themselves
-        keep running for other clients (stop them with ``monarch`` on each host).
+        future raise ``RuntimeError``, as in Monarch. Workers that
+        ``attach_to_workers`` dialled end, as Monarch's do; host agents found
+        through the broker keep running for other clients (stop them with
+        ``monarch`` on each host). To keep dialled workers for the next
+        client, use :meth:`stop`.
         """
+        return self._end("shut down", self._on_shutdown)
+
+    def stop(self) -> Future[None]:
+        """Stop every proc mesh started from this host mesh, keeping the hosts for a reconnect.
+
+        As Monarch's ``HostMesh.stop``: the procs end and this mesh starts no
+        more, but the workers stay: the ones ``attach_to_workers`` dialled are
+        hung up on and wait for the next client, so a later
+        ``attach_to_workers`` (or a job's ``state()``) to the same addresses
+        gets them again. Proc meshes another host mesh started on the same
+        workers keep running. Only an owned mesh may be stopped (``RuntimeError``
+        otherwise, as in Monarch).
+        """
+        return self._end("stopped", self._on_stop)
+
+    def _end(self, how: str, then: Callable[[], None] | None) -> Future[None]:
+        verb = "shut down" if how == "shut down" else "stop"
         if not self._owned:
             fut: Future[None] = Future()
             fut.set_exception(
-                RuntimeError("HostMesh has already been shut down")
+                RuntimeError(f"HostMesh has already been {self._ended or 'shut down'}")
                 if self._owned is None
                 else RuntimeError(
-                    "cannot shut down `HostMesh` that is a reference instead of owned (only the "
+                    f"cannot {verb} `HostMesh` that is a reference instead of owned (only the "
                     "mesh attach_to_workers returned, unsliced, is owned)"
                 )
             )
             return fut
-        self._owned = None  # shut down: spawn_procs raises from now on
+        self._owned, self._ended = None, how  # spawn_procs raises from now on
         states = list(self._spawned)
         rt = runtime()
 
-        on_shutdown = self._on_shutdown
-
         async def stop_all() -> None:
             await asyncio.gather(*(st.stop() for st in states))
-            if on_shutdown is not None:
-                on_shutdown()
+            if then is not None:
+                then()
 
         return Future(rt.run_coro(stop_all()))
 
@@ -379,7 +402,7 @@ class HostMesh(MeshShapeOps):
 
     async def __aenter__(self) -> HostMesh:
         if self._owned is None:
-            raise RuntimeError("HostMesh has already been shut down")
+            raise RuntimeError(f"HostMesh has already been {self._ended or 'shut down'}")
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
