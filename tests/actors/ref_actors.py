@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 from typing import Any
@@ -146,3 +147,27 @@ class WrapperProbe(Actor):
     def argv0(self) -> str:
         with open("/proc/self/cmdline", "rb") as f:
             return f.read().split(b"\0")[0].decode()
+
+
+class SeesBootstrap(Actor):
+    """Reads, in ``__init__``, what a ``spawn_procs(bootstrap=...)`` function left."""
+
+    def __init__(self) -> None:
+        self.seen = os.environ.get("BOOTSTRAP_MARK")
+
+    @endpoint
+    def seen_at_init(self) -> tuple[str | None, int]:
+        return self.seen, os.getpid()
+
+
+def mark_bootstrapped() -> None:
+    os.environ["BOOTSTRAP_MARK"] = f"sync {os.getpid()}"
+
+
+async def mark_bootstrapped_async() -> None:
+    await asyncio.sleep(0.01)
+    os.environ["BOOTSTRAP_MARK"] = f"async {os.getpid()}"
+
+
+def fail_bootstrap() -> None:
+    raise RuntimeError("the scratch disk is not mounted")

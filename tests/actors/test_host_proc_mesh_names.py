@@ -1,7 +1,8 @@
-"""HostMesh and ProcMesh names from Monarch 0.7: shutdown, stop, bootstrap commands, rank tensors.
+"""HostMesh and ProcMesh names from Monarch 0.7: shutdown, stop, bootstrap, rank tensors.
 
 ``HostMesh.shutdown()``, ``HostMesh.stop()``, ``with_python_executable``, ``is_fake_in_process``,
 ``default_bootstrap_cmd`` (with ``spawn_procs(bootstrap_command=...)``),
+``spawn_procs(bootstrap=...)``,
 ``spawn_procs(proc_bind=...)`` and ``ProcMesh.rank_tensor`` / ``rank_tensors``
 behave as in Monarch 0.7; each
 test starts real procs (or real host agents) and checks what they report.
@@ -15,9 +16,18 @@ import sys
 
 import pytest
 
-from monarch.actor import HostMesh, attach_to_workers, this_host
+from monarch.actor import ActorError, HostMesh, SupervisionError, attach_to_workers, this_host
 from monarch.actors.procs.host_mesh import BootstrapCommand, default_bootstrap_cmd
-from tests.actors.ref_actors import Box, Hop, Where, WrapperProbe
+from tests.actors.ref_actors import (
+    Box,
+    Hop,
+    SeesBootstrap,
+    Where,
+    WrapperProbe,
+    fail_bootstrap,
+    mark_bootstrapped,
+    mark_bootstrapped_async,
+)
 from tests.helpers import pid_alive, proc_mesh_fixture
 from tests.hosts.agents import start_agent, unique_label
 
@@ -115,8 +125,41 @@ def test_proc_bind_and_bootstrap_refusals_are_clear(nats_url):
         this_host().spawn_procs(per_host={"gpus": 2}, proc_bind=[{"cpus": "0"}])
     with pytest.raises(NotImplementedError, match="NUMA"):
         this_host().spawn_procs(per_host={"gpus": 1}, proc_bind=[{"membind": "0"}])
-    with pytest.raises(NotImplementedError, match="bootstrap"):
-        this_host().spawn_procs(per_host={"gpus": 1}, bootstrap=lambda: None)
+    with pytest.raises(TypeError, match="bootstrap must be a function"):
+        this_host().spawn_procs(per_host={"gpus": 1}, bootstrap="setup.sh")
+
+
+# -- spawn_procs(bootstrap=...) --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("setup", "how"), [(mark_bootstrapped, "sync"), (mark_bootstrapped_async, "async")]
+)
+def test_bootstrap_runs_on_every_proc_before_its_first_actor(nats_url, setup, how):
+    # As Monarch's: spawned at once, not after waiting on initialized; each actor's
+    # __init__ already sees what the function did in its proc.
+    procs = this_host().spawn_procs(per_host={"gpus": 2}, bootstrap=setup, name="booted")
+    try:
+        seen = procs.spawn("sees", SeesBootstrap).seen_at_init.call().get(timeout=60)
+        assert sorted(seen.values(), key=str) == sorted(
+            ((f"{how} {pid}", pid) for _, pid in seen.values()), key=str
+        )
+        assert len({pid for _, pid in seen.values()}) == 2
+        assert procs.initialized.get(timeout=60) is True
+    finally:
+        procs.stop().get(timeout=60)
+
+
+def test_a_failing_bootstrap_fails_initialized_and_spawns_with_its_error(nats_url):
+    procs = this_host().spawn_procs(per_host={"gpus": 2}, bootstrap=fail_bootstrap, name="unbooted")
+    try:
+        with pytest.raises(ActorError, match="the scratch disk is not mounted") as info:
+            procs.initialized.get(timeout=60)
+        assert isinstance(info.value.exception, RuntimeError)
+        with pytest.raises(SupervisionError, match="the scratch disk is not mounted"):
+            procs.spawn("sees", SeesBootstrap).seen_at_init.call().get(timeout=60)
+    finally:
+        procs.stop().get(timeout=60)
 
 
 # -- with_python_executable --------------------------------------------------------------

@@ -1,14 +1,15 @@
 """The control server of a process that hosts actors: it spawns, finds and stops them.
 
 Every proc runs one (and the client, once it hosts ``this_proc()`` actors or
-controllers). Control messages (``spawn``, ``stop_mesh``, ``stop``, ``ping``,
-``log_mode``; at the root also ``controller``, handed in by the client) are
+controllers). Control messages (``bootstrap``, ``spawn``, ``stop_mesh``, ``stop``,
+``ping``, ``log_mode``; at the root also ``controller``, handed in by the client) are
 served one at a time, in order.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -168,6 +169,18 @@ class ProcServer:
         sup = actor_process(self.rt).supervisor
         if sup is not None:
             sup.actor_failed(inst, exc)
+
+    async def _on_bootstrap(self, msg: Msg) -> None:
+        """Run the owner's ``spawn_procs(bootstrap=fn)`` here, before any actor is spawned.
+
+        On the proc's loop, as Monarch runs it on its actors' loop: state it
+        leaves in this thread (a CUDA device, say) is where async endpoints run.
+        An ``async def`` fn is awaited.
+        """
+        fn = await decode_body_async(msg.data)
+        result = fn()
+        if inspect.isawaitable(result):
+            await result
 
     async def _on_log_mode(self, msg: Msg) -> None:
         apply_mode(loads(msg.data))  # the owner's ProcMesh.logging_option

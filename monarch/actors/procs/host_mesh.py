@@ -47,6 +47,7 @@ from monarch.broker.ext import register_ext
 from monarch.broker.registry import HostInfo
 from monarch.core.future import Future
 from monarch.core.runtime import runtime
+from monarch.rdma.bulk import encode_body
 
 _PYTHON_ENV = "MONARCH_PROC_PYTHON"  # procs started with_python_executable start theirs so too
 
@@ -284,13 +285,14 @@ class HostMesh(MeshShapeOps):
         returning one) starts procs of this machine with another command.
         ``proc_bind`` (one dict per proc of a host) binds each proc to CPUs
         (keys ``cpus``, ``physcpubind``; NUMA keys raise NotImplementedError).
-        ``bootstrap`` (a setup function) is not supported (NotImplementedError).
+        ``bootstrap`` (a function of no arguments, sync or ``async``) runs on
+        each proc before any actor is spawned there (environment variables,
+        say, before CUDA starts); if it raises, ``initialized`` and every spawn
+        on the mesh raise an ``ActorError`` carrying that exception, as in
+        Monarch.
         """
-        if bootstrap is not None:
-            raise NotImplementedError(
-                "spawn_procs(bootstrap=...) is not available in monarch over NATS yet: run "
-                "setup code in an actor's __init__ (or a bootstrap_command's program)"
-            )
+        if bootstrap is not None and not callable(bootstrap):
+            raise TypeError(f"bootstrap must be a function of no arguments, got {bootstrap!r}")
         if self._owned is None:
             raise RuntimeError(f"HostMesh has already been {self._ended or 'shut down'}")
         per_host = dict(per_host or {})
@@ -330,7 +332,8 @@ class HostMesh(MeshShapeOps):
                     "need"
                 )
             launcher = self._agent_launcher(rt, self.hosts, math.prod(per_host.values()))
-        state = ProcMeshState(rt, name, extent, launcher)
+        setup = encode_body(bootstrap, readers=extent.nelements) if bootstrap is not None else None
+        state = ProcMeshState(rt, name, extent, launcher, bootstrap=setup)
         rt.on_close(state.shutdown)
         rt.run_coro(_start_quietly(state))
         owned_by_caller(state)

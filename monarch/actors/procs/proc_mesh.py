@@ -60,8 +60,19 @@ A = TypeVar("A")
 class ProcMeshState:
     """Shared by all views of one proc mesh; mutated on the runtime loop."""
 
-    def __init__(self, rt: Runtime, name: str, extent: Extent, launcher: Launcher) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        name: str,
+        extent: Extent,
+        launcher: Launcher,
+        bootstrap: bytes | None = None,
+    ) -> None:
         self.rt = rt
+        # spawn_procs(bootstrap=fn): fn, encoded, for every proc to run before its first
+        # actor (start() sends it once they are up; ready waits for it)
+        self.bootstrap = bootstrap
+        self.start_error: BaseException | None = None  # why start() failed, if it did
         # Called (any thread) when stop() is asked, before anything stops: a layer
         # above (the tensor engine) sends what it still holds for this mesh.
         self.before_stop: list[Callable[[], None]] = []
@@ -104,8 +115,11 @@ class ProcMeshState:
             await self._watch()
             if self.dead.done():  # a proc ended while we started watching
                 raise self.dead.exception()  # type: ignore[misc]
+            if self.bootstrap is not None:
+                await self._run_bootstrap(self.bootstrap)
             self.ready.set_result(None)
         except BaseException as e:
+            self.start_error = e
             if not self.ready.done():
                 self.ready.set_exception(e)
                 self.ready.exception()  # mark retrieved; spawn() re-raises it
@@ -115,6 +129,24 @@ class ProcMeshState:
             self.rt.close_port(port_id)
             self.launched.set()
             self.settled.set()
+
+    async def _run_bootstrap(self, body: bytes) -> None:
+        """Each proc runs the ``bootstrap`` function before anything else; its error raises here.
+
+        A control message, so each proc runs it before the spawns that follow
+        (its control messages are served one at a time, in order), and no spawn
+        is sent before ``ready``, which waits for this. As in Monarch, the
+        failure is an :class:`~monarch.actors.errors.ActorError` carrying the
+        function's exception (``initialized`` and every spawn raise it).
+        """
+        ns = self.rt.namespace
+        requests = [(subjects.ctl_proc(ns, p.uid), body, {m.KIND: "bootstrap"}) for p in self.procs]
+        replies = await request_all(self.rt, requests, self.rt.settings.spawn_timeout, self.dead)
+        for rank, reply in enumerate(replies):
+            if (reply.headers or {}).get(m.KIND) == "error":
+                raise m.decode_error(
+                    reply.data, actor_id=self.procs[rank].uid, rank=rank, endpoint="bootstrap"
+                )
 
     def proc_uids(self) -> list[str]:
         """The uids of this mesh's procs, known before they start (they are chosen here)."""
@@ -426,6 +458,8 @@ class ProcMesh(MeshShapeOps):
                 "mesh.<name> could not reach them: rename the endpoint(s)"
             )
         st = self._state
+        if st.start_error is not None and st.stopped is None:  # say why, not just "stopped"
+            raise spawn_error(name, 0, st.start_error)
         if st.stopping or st.stopped is not None:
             raise MeshStoppedError(f"`ProcMesh` has already been stopped ({st.name!r})")
         import inspect
