@@ -60,6 +60,14 @@ class Hop(Actor):
         return [(dict(p), v) for p, v in holder.mesh.where.call().get(timeout=60).items()]
 
     @endpoint
+    def procs_on_host_of(self, box: Box) -> list[int]:
+        """Start a proc on the host of the one-proc mesh in ``box``; the pids there."""
+        hosts = box.get("procs").host_mesh
+        procs = hosts.spawn_procs(per_host={"gpus": 1}, name="on_host_of")
+        self.__dict__.setdefault("kept", []).append(procs)
+        return [v["pid"] for v in procs.spawn("w", Where).where.call().get(timeout=60).values()]
+
+    @endpoint
     def spawn_on(self, box: Box) -> Holder:
         """Spawn ``Where`` on the proc mesh in ``box``; hand back a new object holding it."""
         procs = box.get("procs")

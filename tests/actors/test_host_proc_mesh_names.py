@@ -287,6 +287,47 @@ def test_owned_host_mesh_sent_to_an_actor_is_a_reference_there(one_agent, nats_u
     hosts.shutdown().get(timeout=60)
 
 
+# -- ProcMesh.host_mesh ----------------------------------------------------------------
+
+
+def test_host_mesh_of_a_one_proc_mesh_starts_procs_on_the_same_machine(nats_url):
+    # As Monarch 0.7's ProcMesh.host_mesh: one proc only, a reference of no dimensions.
+    procs = this_host().spawn_procs(per_host={"gpus": 2}, name="hostof")
+    holder = this_host().spawn_procs(per_host={"gpus": 1}, name="hostof_holder")
+    try:
+        with pytest.raises(NotImplementedError, match="non-singleton proc meshes"):
+            procs.host_mesh
+        one = procs.slice(gpus=1)
+        hosts = one.host_mesh
+        assert isinstance(hosts, HostMesh) and dict(hosts.extent) == {}
+        with pytest.raises(RuntimeError, match="reference instead of owned"):
+            hosts.shutdown().get(timeout=10)
+        more = hosts.spawn_procs(per_host={"gpus": 1}, name="hostof_more")
+        (pid,) = [v["pid"] for v in more.spawn("w", Where).where.call().get(timeout=60).values()]
+        assert pid_alive(pid) and pid != os.getpid()
+        more.stop().get(timeout=60)
+        # the one-proc mesh sent to an actor: its host_mesh works there too
+        (there,) = holder.spawn("hop", Hop).procs_on_host_of.call_one(Box(procs=one)).get(60)
+        assert pid_alive(there)
+    finally:
+        holder.stop().get(timeout=60)
+        procs.stop().get(timeout=60)
+
+
+def test_host_mesh_of_a_proc_started_by_an_agent_is_that_agent(one_agent):
+    label, agent = one_agent
+    hosts = attach_to_workers(hosts=1, labels={"t": label}, timeout=30)
+    try:
+        procs = hosts.spawn_procs(per_host={"gpus": 2}, name="agentof")
+        one = procs.slice(gpus=0)
+        assert [h.uid for h in one.host_mesh.hosts] == [h.uid for h in hosts.hosts]
+        again = one.host_mesh.spawn_procs(per_host={"gpus": 1}, name="agentof_again")
+        assert again.spawn("w", Where).add.call_one(1).get(timeout=60) == 2
+        again.stop().get(timeout=60)
+    finally:
+        hosts.shutdown().get(timeout=60)
+
+
 # -- ProcMesh.rank_tensor / rank_tensors ------------------------------------------------
 
 

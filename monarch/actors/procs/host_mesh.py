@@ -334,12 +334,18 @@ class HostMesh(MeshShapeOps):
             launcher = self._agent_launcher(rt, self.hosts, math.prod(per_host.values()))
         setup = encode_body(bootstrap, readers=extent.nelements) if bootstrap is not None else None
         state = ProcMeshState(rt, name, extent, launcher, bootstrap=setup)
+        state.hosts, state.procs_per_host = self, math.prod(per_host.values())
         rt.on_close(state.shutdown)
         rt.run_coro(_start_quietly(state))
         owned_by_caller(state)
         if self._hosts is not None:  # only meshes of host agents can be owned and shut down
             self._spawned.append(state)
         return ProcMesh(state, View.full(extent))
+
+    def _host_at(self, index: int) -> HostMesh:
+        """The ``index``-th host of this (sliced) mesh alone, as a reference of no dimensions."""
+        view = View(Extent([], []), self._view.base, [self._view.ranks[index]])
+        return self._copy(view=view, owned=False)
 
     def with_python_executable(self, python_executable: str) -> HostMesh:
         """A copy of this mesh whose procs start with ``python_executable`` (this machine only).

@@ -73,6 +73,11 @@ class ProcMeshState:
         # actor (start() sends it once they are up; ready waits for it)
         self.bootstrap = bootstrap
         self.start_error: BaseException | None = None  # why start() failed, if it did
+        # The HostMesh (or slice) that started these procs, and how many each host runs:
+        # ProcMesh.host_mesh. Set by HostMesh.spawn_procs (the layer above); None here
+        # for this_proc().
+        self.hosts: Any = None
+        self.procs_per_host = 1
         # Called (any thread) when stop() is asked, before anything stops: a layer
         # above (the tensor engine) sends what it still holds for this mesh.
         self.before_stop: list[Callable[[], None]] = []
@@ -613,6 +618,26 @@ class ProcMesh(MeshShapeOps):
         """Pickle as a reference, so a proc mesh travels inside any picklable value."""
         return (_decode_proc_mesh, (_encode_proc_mesh(self),))
 
+    @property
+    def host_mesh(self) -> Any:
+        """The host of this proc mesh's one proc, as a ``HostMesh`` (a reference).
+
+        As in Monarch 0.7, only for a proc mesh of one proc (a slice will do);
+        a larger one raises ``NotImplementedError``. Spawning procs on it
+        starts them on the same machine (through the same host agent).
+        """
+        if len(self._view) != 1:
+            raise NotImplementedError(
+                "`ProcMesh.host_mesh` is not yet supported for non-singleton proc meshes."
+            )
+        st = self._state
+        if st.hosts is None:
+            raise NotImplementedError(
+                f"proc mesh {st.name!r} was not started from a HostMesh (this_proc()): "
+                "use this_host()"
+            )
+        return st.hosts._host_at(self._view.ranks[0] // st.procs_per_host)
+
     def __repr__(self) -> str:
         return f"<ProcMesh {self._state.name!r} {self._view.extent!r}>"
 
@@ -698,6 +723,8 @@ def _fields(st: Any, view: View, proc_uids: list[str], error: str | None, stoppe
         proc_uids,
         error,
         stopped,
+        st.hosts,  # a HostMesh travels as its own reference (or None)
+        st.procs_per_host,
     ]
 
 
@@ -713,13 +740,15 @@ def _spawn_reference(mesh: ProcMesh) -> list:
 
 
 def _decode_proc_mesh(fields: list) -> ProcMesh:
-    name, uid, blabels, bsizes, vlabels, vsizes, ranks, proc_uids, error, stopped = fields
+    name, uid, blabels, bsizes, vlabels, vsizes, ranks, proc_uids, error, stopped = fields[:10]
+    hosts, per_host = fields[10:12] if len(fields) >= 12 else (None, 1)
     rt = runtime()
     base = Extent(blabels, bsizes)
     with _known_lock:
         st = _known.get(rt, {}).get(uid)
     if st is None:
         st = ProcMeshRef(rt, name, uid, base, proc_uids)
+        st.hosts, st.procs_per_host = hosts, per_host
         st.stopping = bool(stopped)
         if error is not None:
             st.ready.set_exception(ProcStartError(f"proc mesh {name!r} failed to start: {error}"))
