@@ -16,7 +16,14 @@ import sys
 
 import pytest
 
-from monarch.actor import ActorError, HostMesh, SupervisionError, attach_to_workers, this_host
+from monarch.actor import (
+    ActorError,
+    HostMesh,
+    SupervisionError,
+    attach_to_workers,
+    this_host,
+    this_proc,
+)
 from monarch.actors.procs.host_mesh import BootstrapCommand, default_bootstrap_cmd
 from tests.actors.ref_actors import (
     Box,
@@ -306,6 +313,10 @@ def test_host_mesh_of_a_one_proc_mesh_starts_procs_on_the_same_machine(nats_url)
         (pid,) = [v["pid"] for v in more.spawn("w", Where).where.call().get(timeout=60).values()]
         assert pid_alive(pid) and pid != os.getpid()
         more.stop().get(timeout=60)
+        # this_proc() is a one-proc mesh too: its host is this machine
+        mine = this_proc().host_mesh.spawn_procs(per_host={"gpus": 1}, name="hostof_mine")
+        assert mine.spawn("w", Where).add.call_one(4).get(timeout=60) == 5
+        mine.stop().get(timeout=60)
         # the one-proc mesh sent to an actor: its host_mesh works there too
         (there,) = holder.spawn("hop", Hop).procs_on_host_of.call_one(Box(procs=one)).get(60)
         assert pid_alive(there)

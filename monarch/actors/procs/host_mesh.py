@@ -39,7 +39,7 @@ from monarch.actors.procs.launcher import (
     on_launcher_thread,
     proc_env,
 )
-from monarch.actors.procs.proc_mesh import ProcMesh, ProcMeshState, owned_by_caller
+from monarch.actors.procs.proc_mesh import ProcMesh, ProcMeshState, owned_by_caller, set_this_host
 from monarch.broker import subjects
 from monarch.broker._pdeathsig import child_dies_with_parent
 from monarch.broker.config import settings
@@ -431,6 +431,7 @@ async def _start_quietly(state: ProcMeshState) -> None:
 
 
 _THIS_HOST = HostMesh(View.full(Extent([], [])), python=os.environ.get(_PYTHON_ENV) or None)
+set_this_host(_THIS_HOST)  # this_proc().host_mesh
 
 
 def this_host() -> HostMesh:

@@ -56,6 +56,15 @@ from monarch.supervision.failure import MeshFailure
 log = logging.getLogger(__name__)
 A = TypeVar("A")
 
+# This machine as a HostMesh (``this_host()``), handed in by the layer above
+# (monarch.actors.procs.host_mesh) when it is imported: ``this_proc().host_mesh``.
+_this_host: Any = None
+
+
+def set_this_host(mesh: Any) -> None:
+    global _this_host
+    _this_host = mesh
+
 
 class ProcMeshState:
     """Shared by all views of one proc mesh; mutated on the runtime loop."""
@@ -631,12 +640,12 @@ class ProcMesh(MeshShapeOps):
                 "`ProcMesh.host_mesh` is not yet supported for non-singleton proc meshes."
             )
         st = self._state
-        if st.hosts is None:
-            raise NotImplementedError(
-                f"proc mesh {st.name!r} was not started from a HostMesh (this_proc()): "
-                "use this_host()"
-            )
-        return st.hosts._host_at(self._view.ranks[0] // st.procs_per_host)
+        hosts = st.hosts
+        if hosts is None and isinstance(st, LocalProcMeshState):
+            hosts = _this_host  # this_proc(): this process's own machine
+        if hosts is None:
+            raise NotImplementedError(f"proc mesh {st.name!r} does not know its host mesh")
+        return hosts._host_at(self._view.ranks[0] // st.procs_per_host)
 
     def __repr__(self) -> str:
         return f"<ProcMesh {self._state.name!r} {self._view.extent!r}>"
