@@ -318,8 +318,10 @@ def test_host_mesh_of_a_one_proc_mesh_starts_procs_on_the_same_machine(nats_url)
         assert mine.spawn("w", Where).add.call_one(4).get(timeout=60) == 5
         mine.stop().get(timeout=60)
         # the one-proc mesh sent to an actor: its host_mesh works there too
-        (there,) = holder.spawn("hop", Hop).procs_on_host_of.call_one(Box(procs=one)).get(60)
-        assert pid_alive(there)
+        hop = holder.spawn("hop", Hop)
+        for sent in (one, this_proc()):
+            (there,) = hop.procs_on_host_of.call_one(Box(procs=sent)).get(timeout=60)
+            assert pid_alive(there)
     finally:
         holder.stop().get(timeout=60)
         procs.stop().get(timeout=60)

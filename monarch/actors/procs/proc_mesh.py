@@ -640,9 +640,7 @@ class ProcMesh(MeshShapeOps):
                 "`ProcMesh.host_mesh` is not yet supported for non-singleton proc meshes."
             )
         st = self._state
-        hosts = st.hosts
-        if hosts is None and isinstance(st, LocalProcMeshState):
-            hosts = _this_host  # this_proc(): this process's own machine
+        hosts = _hosts_of(st)
         if hosts is None:
             raise NotImplementedError(f"proc mesh {st.name!r} does not know its host mesh")
         return hosts._host_at(self._view.ranks[0] // st.procs_per_host)
@@ -732,9 +730,16 @@ def _fields(st: Any, view: View, proc_uids: list[str], error: str | None, stoppe
         proc_uids,
         error,
         stopped,
-        st.hosts,  # a HostMesh travels as its own reference (or None)
+        _hosts_of(st),  # a HostMesh travels as its own reference (or None)
         st.procs_per_host,
     ]
+
+
+def _hosts_of(st: ProcMeshState) -> Any:
+    """The HostMesh that started ``st``'s procs; for this_proc(), this machine."""
+    if st.hosts is None and isinstance(st, LocalProcMeshState):
+        return _this_host
+    return st.hosts
 
 
 def _spawn_reference(mesh: ProcMesh) -> list:
