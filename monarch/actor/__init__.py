@@ -58,7 +58,13 @@ from monarch.actors.procs.proc_mesh import ProcMesh, this_proc
 from monarch.broker import config
 from monarch.broker.connect import BrokerConnectionError
 from monarch.core.future import Future
-from monarch.hosts.attach import attach_to_workers, hosts_from_config, run_worker_loop_forever
+from monarch.hosts.attach import (
+    attach_to_workers,
+    hosts_from_config,
+    run_worker_loop_forever,
+    run_worker_loop_until_shutdown,
+    start_worker_loop_forever,
+)
 from monarch.supervision.failure import MeshFailure
 
 __all__ = [
@@ -110,6 +116,8 @@ __all__ = [
     "local_proc_mesh",
     "proc_mesh",
     "run_worker_loop_forever",
+    "run_worker_loop_until_shutdown",
+    "start_worker_loop_forever",
     "send",
     "shutdown_context",
     "sim_proc_mesh",

@@ -15,6 +15,8 @@ IP. Unlike Monarch's, ``attach_to_workers`` returns once the hosts are found
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -25,6 +27,7 @@ from monarch.actors.meshes.shape import Extent, View
 from monarch.actors.procs.host_mesh import HostMesh
 from monarch.broker.config import settings
 from monarch.broker.registry import HeartbeatSeen, HostInfo, list_hosts
+from monarch.core.future import Future
 from monarch.core.runtime import new_event_loop, runtime
 from monarch.hosts import dial_in
 from monarch.hosts.agent import run_agent
@@ -177,6 +180,56 @@ def attach_to_workers(
         on_shutdown=end_dialled_workers if lifelines else None,
         on_stop=hang_up_on_dialled_workers if lifelines else None,
     )
+
+
+def run_worker_loop_until_shutdown(
+    *, address: str, ca: Any = "trust_all_connections", private_key: Any = None
+) -> None:
+    """Serve as a worker at ``address`` until the client's ``HostMesh.shutdown()``; then return.
+
+    Monarch 0.7's variant of :func:`run_worker_loop_forever` that returns
+    instead of ending the process. Here that one returns too (this process is
+    never ended for the worker), so this is it with ``address`` required.
+    """
+    run_worker_loop_forever(address=address, ca=ca, private_key=private_key)
+
+
+def start_worker_loop_forever(
+    *, address: str, ca: Any = "trust_all_connections", private_key: Any = None
+) -> Future[None]:
+    """Start serving as a worker at ``address`` on a thread; a ``Future`` of its end.
+
+    As Monarch 0.7's: when this returns the worker listens (a client may
+    attach at once), and it goes on if the future is dropped; ``get()``
+    waits until a client shuts its host mesh down (``None``) or the worker
+    fails (raises). ``address`` is a worker address (``tcp://``, ``ipc://``);
+    SIGINT and SIGTERM stay the calling program's (a thread cannot take them).
+    """
+    if private_key is not None or ca != "trust_all_connections":
+        raise NotImplementedError("TLS is the broker's here: set MONARCH_NATS_TLS_* instead")
+    if not dial_in.is_dialable(address):
+        raise ValueError(
+            f"start_worker_loop_forever needs a worker address (tcp://host:port, ipc://path), "
+            f"not {address!r}: to register with a broker use run_worker_loop_forever"
+        )
+    worker = dial_in.DialInWorker(address)
+    ended: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    def serve() -> None:
+        loop = new_event_loop()
+        try:
+            loop.run_until_complete(worker.serve_forever())
+            ended.set_result(None)
+        except BaseException as e:  # noqa: BLE001  (handed to whoever waits on the future)
+            ended.set_exception(e)
+        finally:
+            loop.close()
+
+    threading.Thread(target=serve, name=f"monarch-worker {address}", daemon=True).start()
+    while not worker.listening.wait(0.05):
+        if ended.done():
+            ended.result()  # it could not listen there: raise why, here
+    return Future(ended)
 
 
 def hosts_from_config(

@@ -47,6 +47,7 @@ import os
 import secrets
 import socket
 import struct
+import threading
 from typing import Any
 
 from monarch.broker.config import settings
@@ -185,6 +186,7 @@ class DialInWorker:
         self._hung_up = False
         self._free = asyncio.Event()
         self._stop: asyncio.Event | None = None
+        self.listening = threading.Event()  # set once clients may dial (any thread may wait)
 
     async def serve_forever(self) -> None:
         """Serve clients one after another until SIGINT or SIGTERM, or until the
@@ -193,6 +195,7 @@ class DialInWorker:
         stop = self._stop = asyncio.Event()
         stop_on_signals(asyncio.get_running_loop(), stop)
         print(f"monarch worker listening at {self.dial} (bound to {self.bind})", flush=True)
+        self.listening.set()
         try:
             async with server:
                 await stop.wait()

@@ -159,6 +159,52 @@ def test_stopping_the_host_mesh_ends_its_procs_and_keeps_the_worker_for_a_reconn
     assert code == 0
 
 
+@pytest.mark.parametrize(
+    ("serve", "wait"),
+    [
+        # Monarch 0.7's variants: serving on a thread, its end a Future...
+        ("fut = start_worker_loop_forever(address=ADDRESS, ca='trust_all_connections')",
+         "print('started', flush=True); fut.get(); print('ended', flush=True)"),
+        # ... and serving until the host mesh is shut down, then returning, not exiting
+        ("print('started', flush=True)\n"
+         "run_worker_loop_until_shutdown(address=ADDRESS, ca='trust_all_connections')",
+         "print('ended', flush=True)"),
+    ],
+)  # fmt: skip
+def test_worker_loop_variants_serve_until_the_host_mesh_is_shut_down(
+    nats_url, tmp_path, serve, wait
+):
+    address = f"ipc://{tmp_path}/variant"
+    code = (
+        "from monarch.actor import run_worker_loop_until_shutdown, start_worker_loop_forever\n"
+        f"ADDRESS = {address!r}\n{serve}\n{wait}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MONARCH_")}
+    env["PYTHONPATH"] = str(ROOT)
+    worker = subprocess.Popen(
+        [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        lines = iter(worker.stdout.readline, "")
+        assert any(line.strip() == "started" for line in lines)
+        hosts = attach_to_workers(workers=[address], timeout=60)
+        where = hosts.spawn_procs(per_host={"gpus": 1}).spawn("where_variant", Where)
+        assert list(where.rank.call().get(timeout=60).values()) == [0]
+        hosts.shutdown().get(timeout=60)
+        assert any(line.strip() == "ended" for line in lines)  # it returned, then exits
+        assert worker.wait(timeout=60) == 0
+    finally:
+        if worker.poll() is None:
+            stop_workers([worker])
+
+
+def test_start_worker_loop_forever_refuses_a_broker_address():
+    from monarch.actor import start_worker_loop_forever
+
+    with pytest.raises(ValueError, match="needs a worker address"):
+        start_worker_loop_forever(address="nats://127.0.0.1:4222")
+
+
 def test_attach_to_an_address_nobody_listens_on_fails_within_its_timeout(nats_url, tmp_path):
     """No worker at the address: a TimeoutError naming it, never a hang."""
     missing = f"ipc://{tmp_path}/never-bound"
