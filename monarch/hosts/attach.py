@@ -120,6 +120,15 @@ async def _dial_workers(workers: list[str], lifelines: list[Any], deadline: floa
             lifelines.append(line)
 
 
+def _refuse_monarch_tls(ca: Any, private_key: Any) -> None:
+    """Monarch's own TLS between client and workers: here TLS is the broker's."""
+    if private_key is not None or ca != "trust_all_connections":
+        raise NotImplementedError(
+            "TLS between client and hosts is the broker's: set MONARCH_NATS_TLS_CA (and "
+            "MONARCH_NATS_TLS_CERT/KEY) instead of ca/private_key"
+        )
+
+
 def attach_to_workers(
     *,
     workers: Sequence[Any] | None = None,
@@ -139,11 +148,7 @@ def attach_to_workers(
     ``private_key`` must stay at their defaults (use ``MONARCH_NATS_TLS_*``).
     """
     del name  # Monarch's name for the mesh; ours are found by their agents' names
-    if private_key is not None or ca != "trust_all_connections":
-        raise NotImplementedError(
-            "TLS between client and hosts is the broker's: set MONARCH_NATS_TLS_CA (and "
-            "MONARCH_NATS_TLS_CERT/KEY) instead of ca/private_key"
-        )
+    _refuse_monarch_tls(ca, private_key)
     if hosts is not None and (isinstance(hosts, bool) or not isinstance(hosts, int) or hosts < 1):
         raise ValueError(f"hosts must be a positive int, got {hosts!r}")
     names = None
@@ -205,8 +210,7 @@ def start_worker_loop_forever(
     fails (raises). ``address`` is a worker address (``tcp://``, ``ipc://``);
     SIGINT and SIGTERM stay the calling program's (a thread cannot take them).
     """
-    if private_key is not None or ca != "trust_all_connections":
-        raise NotImplementedError("TLS is the broker's here: set MONARCH_NATS_TLS_* instead")
+    _refuse_monarch_tls(ca, private_key)
     if not dial_in.is_dialable(address):
         raise ValueError(
             f"start_worker_loop_forever needs a worker address (tcp://host:port, ipc://path), "
@@ -261,8 +265,7 @@ def run_worker_loop_forever(
     listen there for a client's ``attach_to_workers``, which hands over its
     broker; serve one client at a time, until one shuts its host mesh down.
     """
-    if private_key is not None or ca != "trust_all_connections":
-        raise NotImplementedError("TLS is the broker's here: set MONARCH_NATS_TLS_* instead")
+    _refuse_monarch_tls(ca, private_key)
     # A Monarch worker address means "listen there", as in Monarch, even when this
     # process inherited a MONARCH_NATS_URL (a client's clients hand it on); a broker
     # address, or none, means "register with that broker".

@@ -198,6 +198,27 @@ def test_worker_loop_variants_serve_until_the_host_mesh_is_shut_down(
             stop_workers([worker])
 
 
+def test_monarchs_own_tls_arguments_are_refused_naming_the_brokers_tls(tmp_path):
+    # Monarch's ca/private_key between client and workers: here the broker does TLS.
+    from monarch.actor import (
+        run_worker_loop_forever,
+        run_worker_loop_until_shutdown,
+        start_worker_loop_forever,
+    )
+
+    address = f"ipc://{tmp_path}/tls"
+    calls = [
+        lambda: attach_to_workers(workers=[address], ca=b"PEM", timeout=1),
+        lambda: run_worker_loop_forever(address=address, private_key=b"KEY"),
+        lambda: run_worker_loop_until_shutdown(address=address, ca=b"PEM"),
+        lambda: start_worker_loop_forever(address=address, private_key=b"KEY"),
+    ]
+    for call in calls:
+        with pytest.raises(NotImplementedError, match="MONARCH_NATS_TLS_CA"):
+            call()
+    assert not list(tmp_path.iterdir())  # refused before anything listened
+
+
 def test_start_worker_loop_forever_refuses_a_broker_address():
     from monarch.actor import start_worker_loop_forever
 
