@@ -97,6 +97,13 @@ class Settings(BaseModel):
         "publish coroutines (needs write_through; monarch.broker.sync_publish; "
         "benchmarks/NOTES.md 31).",
     )
+    direct_write: bool = Field(
+        True,
+        description="A thread other than the loop's (a script calling, a sync actor answering) "
+        "writes its message to the broker's socket itself while nothing else waits to be "
+        "written, instead of waking the loop to (monarch.broker.direct_write; "
+        "benchmarks/NOTES.md 42).",
+    )
     flow_batch: int = Field(1000, ge=1, description="Messages between two flow markers.")
     flow_window: int = Field(16, ge=1, description="Unanswered flow markers before a sender waits.")
     connect_timeout: float = Field(

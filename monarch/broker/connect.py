@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import nats
 from nats.aio.client import Client
 
-from monarch.broker import direct_read, fast_headers, write_through
+from monarch.broker import direct_read, direct_write, fast_headers, write_through
 from monarch.broker.auth import secure
 from monarch.broker.config import Settings
 
@@ -148,4 +148,5 @@ async def connect(
     direct_read.install(nc)  # what arrives is parsed at once, not on a task's next turn
     write_through.install(nc)  # and what it sends leaves within the publish
     secure(nc, cfg)
+    direct_write.install(nc)  # a thread may write its message itself when nothing waits
     return nc

@@ -67,39 +67,20 @@ def publisher(nc: Client) -> Publisher | None:
         )
     ):
         return None
-    validate = nats_client._validate_subject
-    pub_cmd, build_hpub = command.pub_cmd, fast_headers.build_hpub
+    build = command_builder(nc)
     stats = nc.stats
 
     def publish(subject: str, payload: bytes, reply: str, headers: dict[str, str] | None) -> bool:
         if not through.can_write() or nc.is_draining_pubs:
             return False
-        if not nc._skip_subject_validation:
-            try:
-                validate(subject)
-                if reply:
-                    validate(reply)
-            except Exception:
-                return False  # nats-py's publish raises its own error for it
-        size = len(payload)
-        if size > nc._max_payload or not subject:
+        cmd = build(subject, payload, reply, headers)
+        if cmd is None:
             return False
-        auth = auth_of(nc)
-        if auth is not None:
-            headers = signed_headers(auth, subject, reply, headers, payload)
-        try:
-            cmd = (
-                pub_cmd(subject, reply, payload)
-                if headers is None
-                else build_hpub(subject, reply, payload, headers)
-            )
-        except Exception:
-            return False  # a header nats-py refuses: its publish raises the error
         limit = nc._max_pending_size
         if limit > 0 and nc._pending_data_size + len(cmd) > limit:
             return False  # nats-py forces a flush of the full queue, waiting on it
         stats["out_msgs"] += 1
-        stats["out_bytes"] += size
+        stats["out_bytes"] += len(payload)
         nc._pending.append(cmd)
         nc._pending_data_size += len(cmd)
         flush_queue = nc._flush_queue
@@ -108,3 +89,44 @@ def publisher(nc: Client) -> Publisher | None:
         return True
 
     return publish
+
+
+CommandBuilder = Callable[[str, bytes, str, "dict[str, str] | None"], "bytes | None"]
+
+
+def command_builder(nc: Client) -> CommandBuilder:
+    """``build(subject, payload, reply, headers)``: the bytes nats-py would write for it.
+
+    Steps 1-3 of the module's list (checks, the job's tag, the PUB or HPUB
+    command) and nothing else, so any thread may call it: None where nats-py's
+    own publish must run instead (it then raises its own error). Shared with
+    :mod:`monarch.broker.direct_write`, so both write exactly what nats-py would.
+    """
+    validate = nats_client._validate_subject
+    pub_cmd, build_hpub = command.pub_cmd, fast_headers.build_hpub
+
+    def build(
+        subject: str, payload: bytes, reply: str, headers: dict[str, str] | None
+    ) -> bytes | None:
+        if not nc._skip_subject_validation:
+            try:
+                validate(subject)
+                if reply:
+                    validate(reply)
+            except Exception:
+                return None
+        if len(payload) > nc._max_payload or not subject:
+            return None
+        auth = auth_of(nc)
+        if auth is not None:
+            headers = signed_headers(auth, subject, reply, headers, payload)
+        try:
+            return (
+                pub_cmd(subject, reply, payload)
+                if headers is None
+                else build_hpub(subject, reply, payload, headers)
+            )
+        except Exception:
+            return None  # a header nats-py refuses: its publish raises the error
+
+    return build

@@ -35,6 +35,7 @@ from monarch.broker import batch, subjects, sync_publish
 from monarch.broker import headers as hdr
 from monarch.broker.config import Settings
 from monarch.broker.connect import connect
+from monarch.broker.direct_write import DirectWrite
 from monarch.broker.inline import run_inline
 from monarch.broker.intake import subscribe_ordered
 from monarch.broker.sync_publish import Publisher
@@ -94,6 +95,7 @@ class Runtime:
         self._ctl_kinds: dict[str, Callable[[Msg], None]] = {}
         self._inbox: collections.deque = collections.deque()  # calls from other threads
         self._inbox_scheduled = False
+        self._draining = False  # the loop is running calls taken from the inbox
         # Fire-and-forget messages to one subject waiting to leave as one (monarch.broker.batch).
         self._batch: list[tuple[dict[str, str], bytes]] = []
         self._batch_subject = ""
@@ -112,6 +114,8 @@ class Runtime:
         # The connection's plain publish (monarch.broker.sync_publish), made on first use.
         self._sync_publish_nc: Client | None = None
         self._sync_publish: Publisher | None = None
+        # Threads' own writes to the broker's socket while the outbox is empty (connect()).
+        self._direct_write: DirectWrite | None = None
         # Stops this process's runtime and all it started; set by whoever started
         # it (the client bootstrap), called once by shutdown_runtime().
         self.stop_process: Callable[[], None] | None = None
@@ -132,6 +136,7 @@ class Runtime:
             reconnected_cb=self._on_reconnected,
         )
         self.max_payload = self.nc.max_payload
+        self._direct_write = getattr(self.nc, "_monarch_direct_write", None)
         ns = self.namespace
         poke = self.busy_poll.on_message
         await subscribe_ordered(
@@ -215,14 +220,47 @@ class Runtime:
                 self._inbox_scheduled = False
 
     def _drain_inbox(self) -> None:
+        self._draining = True  # what it takes out may still be on its way to the socket
         self._inbox_scheduled = False  # first: an append from now on schedules a new drain
         inbox = self._inbox
-        while inbox:
-            fn, args = inbox.popleft()
-            try:
-                fn(*args)
-            except Exception:
-                log.exception("error in a call handed to the runtime loop")
+        try:
+            while inbox:
+                fn, args = inbox.popleft()
+                try:
+                    fn(*args)
+                except Exception:
+                    log.exception("error in a call handed to the runtime loop")
+        finally:
+            self._draining = False
+
+    def publish_from_thread(
+        self, subject: str, payload: bytes, headers: dict[str, str] | None, reply: str = ""
+    ) -> bool:
+        """From a thread other than the loop's: write the message now if nothing waits.
+
+        The outbox's order holds: the message is written on this thread only
+        while the loop has nothing of this process queued to write (its inbox,
+        its batch; the connection's own queues, :mod:`monarch.broker.direct_write`),
+        so it could not have overtaken anything handed over before it. False:
+        nothing was sent, hand it to the loop (:meth:`call_soon`) as usual.
+        Messages to this process itself, and all of them while busy polling,
+        stay on the loop.
+        """
+        direct = self._direct_write
+        if (
+            direct is None
+            or self.nc is not direct.nc
+            or threading.get_ident() == self._loop_thread_id
+            or os.getpid() != self._pid  # call_soon says why
+            or subject.startswith(self._own_port_prefix)
+            or subject == self._own_ctl
+            or self.busy_poll.window
+        ):
+            return False
+        return direct.try_write(subject, payload, reply, headers, self._outbox_empty)
+
+    def _outbox_empty(self) -> bool:
+        return not (self._inbox or self._inbox_scheduled or self._draining or self._batch)
 
     def run_coro(self, coro: Any) -> Any:
         """Schedule a coroutine on the loop from any thread; a concurrent future of its result."""

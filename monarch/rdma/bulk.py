@@ -80,9 +80,14 @@ def threshold() -> int:
 ALWAYS_INLINE = 1024  # bodies this small never go out of band, whatever the threshold
 
 
+def stays_inline(size: int) -> bool:
+    """Whether a body of ``size`` bytes travels in its message (:func:`offload` keeps it)."""
+    return size <= ALWAYS_INLINE or size <= threshold()
+
+
 def offload(body: bytes, *, readers: int | None, ttl: float | None = None) -> bytes:
     """``body`` itself if small, else a reference to it (kept here for ``readers`` reads or ``ttl`` s)."""
-    if len(body) <= ALWAYS_INLINE or len(body) <= threshold():
+    if stays_inline(len(body)):
         return body
     ttl = config.bulk_ttl() if ttl is None else ttl
     # Read-only: no peer may write into a body, and a released body's memory is then

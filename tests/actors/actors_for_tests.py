@@ -40,6 +40,14 @@ class Echo(Actor):
         return self.seen
 
     @endpoint
+    def direct_writes(self) -> int:
+        """Messages this proc's threads wrote to the broker themselves (monarch.broker.direct_write)."""
+        from monarch.core.runtime import runtime
+
+        direct = runtime()._direct_write
+        return -1 if direct is None else direct.writes
+
+    @endpoint
     def fail(self, message: str) -> None:
         raise ValueError(message)
 

@@ -185,6 +185,8 @@ def test_tls_broker_needs_the_right_ca(tmp_path):
 
         async def ok():
             nc = await connect(url, Settings(nats_tls_ca=str(ca)), name="t")
+            # a thread never writes to a TLS socket itself (monarch.broker.direct_write)
+            assert getattr(nc, "_monarch_direct_write", None) is None
             await nc.publish("mon.tls.check", b"x")
             await nc.flush()
             await nc.close()

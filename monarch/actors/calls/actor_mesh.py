@@ -120,11 +120,14 @@ class MeshState:
     # -- lifecycle (loop) ---------------------------------------------------
 
     def mark_ready(self) -> None:
+        while self._queued:
+            queued, self._queued = self._queued, []
+            for args in queued:
+                self._publish(*args)
+        # Only now: a caller's thread that sees it may write its call itself
+        # (send_from_thread), which must not overtake the queued ones.
         self.ready = True
         self.settled.set()
-        queued, self._queued = self._queued, []
-        for args in queued:
-            self._publish(*args)
 
     def mark_failed(self, exc: BaseException) -> None:
         self.error = exc
@@ -157,6 +160,40 @@ class MeshState:
         for gather in list(self.inflight):
             if gather.waiting_on(ranks):
                 gather.fail(exc)
+
+    # -- sending (caller's thread) --------------------------------------------
+
+    def send_from_thread(
+        self, tokens: list[list[str]], body: bytes, headers: dict, gather: Gather
+    ) -> bool:
+        """A gathered call to one subject, written by the caller's thread itself; False:
+        nothing sent, hand it to the loop (:meth:`send`).
+
+        Only on the common path (a mesh that is up, not in this process, no rank
+        of the call known dead, no earlier call to it still unanswered: a
+        pipelining caller's burst is cheaper as the loop's one or two writes
+        than as a write per call), and only while the runtime has nothing queued
+        before it (:meth:`Runtime.publish_from_thread`): what the loop would do
+        for it here is open the reply port and stamp the count of sends so far,
+        and both are safe from this thread. Saves the loop's wake-up before the
+        write (benchmarks/NOTES.md 42).
+        """
+        if (
+            not self.ready
+            or self.inflight  # pipelined calls: the loop writes a burst in two writes, not one each
+            or self.rt.on_loop_thread()
+            or self.local is not None
+            or self.stopped is not None
+            or self.error is not None
+            or len(tokens) != 1
+            or any(r in self.dead for r in gather.expected)
+        ):
+            return False
+        rt = self.rt
+        gather.open()  # before the write: the reply may come back at once
+        subject = subjects.actor(rt.namespace, self.name, self.uid, tokens[0])
+        actor_process(rt).sends.stamp_count(subject, headers)
+        return rt.publish_from_thread(subject, body, headers, gather.subject)
 
     # -- sending (loop) -------------------------------------------------------
 
@@ -368,7 +405,9 @@ class ActorMesh(MeshShapeOps, Generic[A]):
         if flow and len(expected) == 1 and gather != "stream":
             headers[m.WAIT] = "one"  # one reply that a caller waits on: busy-poll for it
         g = Gather(self._state, self._view, expected, gather, endpoint)
-        self._state.rt.call_soon(self._state.send, tokens, body, headers, g)
+        st = self._state
+        if not st.send_from_thread(tokens, body, headers, g):
+            st.rt.call_soon(st.send, tokens, body, headers, g)
         if flow:
             self._flow()
         return g.futures if gather == "stream" else g.futures[0]

@@ -36,7 +36,8 @@ _log = logging.getLogger(__name__)
 
 
 class Gather:
-    """Collects the replies to one call on a port of the caller's proc (loop only).
+    """Collects the replies to one call on a port of the caller's proc (on the loop;
+    :meth:`open` also on the caller's thread, see ``MeshState.send_from_thread``).
 
     It takes at most one reply per expected rank, and only from the actor the
     call went to for that rank (its ``Mon-From`` is that actor's id). Anything
@@ -83,6 +84,10 @@ class Gather:
         ) or endpoint == FLOW_ENDPOINT
 
     def open(self) -> None:
+        """Open the reply port and count the call in flight; once (a call that the
+        caller's thread could not write itself is opened again on the loop)."""
+        if self.port_id is not None:
+            return
         self.port_id, self.subject = self.state.rt.open_port(self.on_msg)
         self.state.inflight.add(self)
 

@@ -70,6 +70,10 @@ class ThreadRunner:
         as everything else this thread hands over (sends to other actors too)."""
         self._post(fn, *args)
 
+    def idle(self) -> bool:
+        """From the actor's thread: nothing waits for it (the message it handles was the last)."""
+        return self._q.empty()
+
     def run_async(self, coro: Awaitable[Any]) -> Any:
         """From the actor's thread: run a coroutine on the loop and wait for it."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()  # type: ignore[arg-type]

@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import threading
 import time
 import weakref
 from typing import Any
@@ -62,10 +63,16 @@ TICK = 0.25
 
 
 class ReplyLedger:
-    """The replier's memory of the calls it received and the replies it sent (loop only)."""
+    """The replier's memory of the calls it received and the replies it sent.
+
+    On the loop, except :meth:`sent`, which a sync actor's thread also calls for
+    a reply it writes itself (``ActorInstance._reply_from_thread``): one lock
+    guards the two tables.
+    """
 
     def __init__(self, rt: Any) -> None:
         self.rt = rt
+        self._lock = threading.Lock()
         self._pending: dict[tuple[str, int], float] = {}
         self._sent: collections.OrderedDict[tuple[str, int], tuple[float, bytes, dict]] = (
             collections.OrderedDict()
@@ -76,33 +83,37 @@ class ReplyLedger:
 
     def received(self, reply: str, rank: int) -> None:
         """A call that wants a reply at ``reply`` reached the actor of ``rank`` here."""
-        if len(self._pending) >= MAX_PENDING:
-            del self._pending[next(iter(self._pending))]
-        self._pending[(reply, rank)] = time.monotonic()
+        with self._lock:
+            if len(self._pending) >= MAX_PENDING:
+                del self._pending[next(iter(self._pending))]
+            self._pending[(reply, rank)] = time.monotonic()
 
     def sent(self, subject: str, rank: int, body: bytes, headers: dict) -> None:
         """A reply left; remembered only when it answers a call received here."""
         key = (subject, rank)
-        if self._pending.pop(key, None) is None:
-            return  # a stream port's later values, a control reply: nothing to recover
-        now = time.monotonic()
-        self._sent[key] = (now, body, headers)
-        self._bytes += len(body)
-        while self._sent:
-            first = next(iter(self._sent.values()))
-            if now - first[0] <= REPLY_TTL and self._bytes <= REPLY_CACHE_BYTES:
-                break
-            _, (_, old, _) = self._sent.popitem(last=False)
-            self._bytes -= len(old)
+        with self._lock:
+            if self._pending.pop(key, None) is None:
+                return  # a stream port's later values, a control reply: nothing to recover
+            now = time.monotonic()
+            self._sent[key] = (now, body, headers)
+            self._bytes += len(body)
+            while self._sent:
+                first = next(iter(self._sent.values()))
+                if now - first[0] <= REPLY_TTL and self._bytes <= REPLY_CACHE_BYTES:
+                    break
+                _, (_, old, _) = self._sent.popitem(last=False)
+                self._bytes -= len(old)
 
     def status(self, subject: str, rank: int) -> str:
         """``replied`` (and sent again), ``pending`` or ``unknown``."""
         key = (subject, rank)
-        kept = self._sent.get(key)
+        with self._lock:
+            kept = self._sent.get(key)
+            pending = key in self._pending
         if kept is not None:
             self._resend(subject, kept)
             return "replied"
-        return "pending" if key in self._pending else "unknown"
+        return "pending" if pending else "unknown"
 
     def answer_probe(self, msg: Any) -> None:
         """A caller asks about calls it got no reply to (a ``probe`` control message)."""
@@ -125,7 +136,8 @@ class ReplyLedger:
         if dropped is None:
             return
         since = dropped - RESEND_WINDOW
-        again = [(key[0], kept) for key, kept in self._sent.items() if kept[0] >= since]
+        with self._lock:
+            again = [(key[0], kept) for key, kept in self._sent.items() if kept[0] >= since]
         for subject, kept in again:
             self._resend(subject, kept)
         if again:
