@@ -12,11 +12,14 @@ default in a real job):
 * ``read``: parsing in the socket's callback (``MONARCH_DIRECT_READ``, NOTES 30);
 * ``write``: writing within the publish (``MONARCH_WRITE_THROUGH``, NOTES 30);
 * ``deliver``: whole frames past nats-py's parser (``MONARCH_FAST_DELIVERY``, NOTES 31);
-* ``sync``: publishing in one plain call (``MONARCH_SYNC_PUBLISH``, NOTES 31).
+* ``sync``: publishing in one plain call (``MONARCH_SYNC_PUBLISH``, NOTES 31);
+* ``direct``: a thread writing its call or reply itself when nothing waits
+  (``MONARCH_DIRECT_WRITE``, NOTES 42).
 
-Variants: ``all`` (every change), ``no_deliver``, ``no_sync``, ``stop26``
-(read and write only: main before NOTES 31), ``neither`` (nats-py's own tasks),
-``read``, ``write``. Each block: 300 ``call_one`` round trips to one actor
+Variants: ``all`` (every change), ``no_direct`` (all but ``direct``: main
+before NOTES 42), ``no_deliver``, ``no_sync``, ``stop26`` (read and write only:
+main before NOTES 31), ``neither`` (nats-py's own tasks), ``read``, ``write``;
+all but ``all`` without ``direct``. Each block: 300 ``call_one`` round trips to one actor
 (S1), 1,000 pipelined ``call_one`` (S2), 100 broadcast-and-gather rounds over
 all procs (S3). Prints per variant the S1 p50/p99 over all its blocks and the
 medians of S2 and S3. No assertion: figures for benchmarks/NOTES.md.
@@ -34,9 +37,10 @@ from monarch.actor import Actor, endpoint, this_host
 from monarch.broker import sync_publish
 from monarch.core.runtime import runtime
 
-CHANGES = ("read", "write", "deliver", "sync")
+CHANGES = ("read", "write", "deliver", "sync", "direct")
 VARIANTS = {
     "all": CHANGES,
+    "no_direct": ("read", "write", "deliver", "sync"),
     "no_deliver": ("read", "write", "sync"),
     "no_sync": ("read", "write", "deliver"),
     "stop26": ("read", "write"),
@@ -44,7 +48,7 @@ VARIANTS = {
     "read": ("read",),
     "write": ("write",),
 }
-DEFAULT_VARIANTS = "all,no_deliver,no_sync,stop26"
+DEFAULT_VARIANTS = "all,no_direct,stop26"
 SETTLE = 8.0  # seconds of idling after the spawn (the torch zygote's import, NOTES 29)
 
 
@@ -67,6 +71,8 @@ def switch(on: tuple[str, ...]) -> None:
         reader.fast = "deliver" in on
         plain = sync_publish.publisher(nc) if "sync" in on and "write" in on else None
         rt._sync_publish_nc, rt._sync_publish = nc, plain
+        direct = nc._monarch_direct_write  # the runtime's, kept on the connection
+        rt._direct_write = direct if "direct" in on and "write" in on else None
 
     rt.loop.call_soon_threadsafe(flip)
     time.sleep(0.05)
