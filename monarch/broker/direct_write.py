@@ -21,6 +21,8 @@ write of the loop's to this socket also takes (:meth:`_wrap`: the transport's
 uvloop's first attempt all go). So no two writes interleave, and nothing the
 loop queued can be overtaken. The thread's own ``os.write`` releases the GIL;
 the loop waits on the lock for those few microseconds if it wants to write.
+The thread writes to a ``dup`` of the socket, closed when the transport is
+(its ``close`` is wrapped too), so its number never names another file.
 A write the kernel takes only in part (a full socket buffer: a slow broker)
 leaves its rest here, and the loop writes it before anything else
 (:meth:`_write_rest`, and first thing in every wrapped write).
@@ -86,6 +88,8 @@ class DirectWrite:
         if nc._transport is not self._transport:
             self._take_over_soon()
             return False
+        if self._rest is not None or nc._pending_data_size or not quiet():
+            return False  # (checked again under the lock) not worth building the bytes
         cmd = self._build(subject, payload, reply, headers)
         if cmd is None:
             return False

@@ -627,7 +627,9 @@ class ActorInstance:
         headers = self._reply_headers("reply", wait, at)
         replies = actor_process(self.rt).replies
         if replies is not None:
-            replies.sent(msg.reply, self.rank, body, headers)  # kept, should it be lost
+            # kept, should it be lost (if the loop sends it after all, its own call of
+            # sent() finds the call answered already and keeps nothing twice)
+            replies.sent(msg.reply, self.rank, body, headers)
         return self.rt.publish_from_thread(msg.reply, body, headers)
 
     def _reply_headers(self, kind: str, wait: bool, at: int | None) -> dict[str, str]:
