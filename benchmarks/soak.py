@@ -259,9 +259,11 @@ def main() -> int:
 
             @endpoint
             def ping(self, n: int) -> tuple:
-                from monarch.actor import current_rank
+                from monarch.actor import context
 
-                return current_rank().rank, n
+                # the actor's own rank in the whole mesh (current_rank() is the rank in
+                # the slice the message went to: 0 for a call_one to a one-actor slice)
+                return context().actor_instance.rank.rank, n
 
             @endpoint
             def note(self, n: int) -> None:
