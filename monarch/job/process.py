@@ -142,9 +142,10 @@ class ProcessJob(JobTrait):
                 text = _read(agent.log)
                 if " serving " in text:
                     del waiting[key]
-                elif not _alive(agent):
+                elif not self._agent_runs(agent):
                     raise RuntimeError(
-                        f"ProcessJob: the agent for host {key} exited while starting:\n{text[-2000:]}"
+                        f"ProcessJob: the agent for host {key} exited while starting "
+                        f"({self._exit_status(agent)}):\n{text[-2000:]}"
                     )
             if waiting and time.monotonic() > deadline:
                 raise TimeoutError(
@@ -152,6 +153,30 @@ class ProcessJob(JobTrait):
                 )
             if waiting:
                 time.sleep(0.05)
+
+    def _popen(self, agent: _Agent) -> subprocess.Popen | None:
+        """The Popen of an agent this client started (None for a job attached from a file)."""
+        return next((p for p in self._popens if p.pid == agent.pid), None)
+
+    def _agent_runs(self, agent: _Agent) -> bool:
+        """Whether the agent runs. For an agent this client started, its Popen says:
+        ``_alive``'s look at /proc can be wrong for the few microseconds after Popen
+        returns, while the kernel still builds the new program's command line (it
+        reads as empty then; a busy machine widens that window to a failed start)."""
+        popen = self._popen(agent)
+        if popen is not None:
+            return popen.poll() is None
+        return _alive(agent)
+
+    def _exit_status(self, agent: _Agent) -> str:
+        """How an agent ended (``exit code 1``, ``killed by SIGKILL``), for error messages."""
+        popen = self._popen(agent)
+        code = None if popen is None else popen.poll()
+        if code is None:
+            return "gone" if popen is None else "still running"
+        if code < 0:
+            return f"killed by {signal.Signals(-code).name}"
+        return f"exit code {code}"
 
     # -- state ---------------------------------------------------------------------
 
@@ -177,7 +202,7 @@ class ProcessJob(JobTrait):
         )
 
     def _agents_alive(self) -> bool:
-        return bool(self._agents) and all(_alive(a) for a in self._agents.values())
+        return bool(self._agents) and all(self._agent_runs(a) for a in self._agents.values())
 
     # -- stopping ------------------------------------------------------------------
 
@@ -192,17 +217,17 @@ class ProcessJob(JobTrait):
                 mesh.shutdown().get(timeout=_STOP_GRACE)
         self._made.clear()
         agents = list(self._agents.values())
-        doomed = {pid for a in agents if _alive(a) for pid in _descendants(a.pid)}
+        doomed = {pid for a in agents if self._agent_runs(a) for pid in _descendants(a.pid)}
         for a in agents:
-            if _alive(a):
+            if self._agent_runs(a):
                 with contextlib.suppress(OSError):
                     os.kill(a.pid, signal.SIGTERM)
         deadline = time.monotonic() + _STOP_GRACE
-        while time.monotonic() < deadline and any(_alive(a) for a in agents):
+        while time.monotonic() < deadline and any(self._agent_runs(a) for a in agents):
             self._reap()
             time.sleep(0.05)
         for a in agents:  # stragglers, and procs an agent could not stop
-            if _alive(a):
+            if self._agent_runs(a):
                 doomed |= _descendants(a.pid)
         for pid in doomed:
             with contextlib.suppress(OSError):
@@ -230,7 +255,11 @@ def _read(path: str) -> str:
 
 
 def _alive(agent: _Agent) -> bool:
-    """Whether the agent runs: its pid exists, is no zombie, and is *our* agent (pids are reused)."""
+    """Whether the agent runs: its pid exists, is no zombie, and is *our* agent (pids are reused).
+
+    For an agent long started (a job attached from a file); one just started by
+    this client is asked through its Popen (see ``ProcessJob._agent_runs``).
+    """
     try:
         with open(f"/proc/{agent.pid}/stat") as f:
             state = f.read().rsplit(")", 1)[1].split()[0]

@@ -10,6 +10,7 @@ import textwrap
 import pytest
 
 from monarch.job import JobState, ProcessJob, exec_command, job_load
+from monarch.job.process import _Agent, _alive
 from tests.helpers import descendants, pid_alive, wait_until
 from tests.hosts.agents import ROOT
 from tests.job.job_actors import Whereabouts
@@ -121,6 +122,36 @@ def test_a_bad_spec_is_refused_before_anything_starts():
         ProcessJob({"my hosts": 1})
     with pytest.raises(RuntimeError, match="batch-mode"):
         ProcessJob({"hosts": 1}).apply(client_script="train.py")
+
+
+def test_an_agent_that_cannot_start_is_an_error_with_its_exit_status_and_output(nats_url):
+    job = ProcessJob({"hosts": 2}, env={"MONARCH_LOG_LEVEL": "NOPE"})
+    with pytest.raises(RuntimeError, match=r"exited while starting \(exit code 1\)") as e:
+        job.state(cached_path=None)
+    assert "Unknown level: 'NOPE'" in str(e.value)  # its own words, from its log
+    assert not job.active and not job._agents  # the other agent was stopped too
+
+
+def test_an_agent_just_started_is_asked_through_its_popen_not_its_command_line(tmp_path):
+    """For microseconds after Popen returns, the kernel has not yet written the new
+    program's command line (/proc/<pid>/cmdline reads empty): a look there would
+    take a starting agent for dead (it did, in CI, on a busy machine). A child whose
+    command line does not name it stands in for that window here."""
+    log = tmp_path / "agent.log"
+    serve_soon = "import sys, time; time.sleep(0.5); open(sys.argv[1], 'w').write('x serving y')"
+    job = ProcessJob({"hosts": 1})
+    popen = subprocess.Popen([sys.executable, "-c", serve_soon, str(log)])
+    try:
+        agent = _Agent(popen.pid, "hosts-0-notyet", str(log))
+        job._popens.append(popen)
+        job._agents["hosts_0"] = agent
+        assert not _alive(agent)  # what /proc says in that window
+        job._wait_ready(timeout=30)  # waits for it instead of calling it dead
+        assert popen.wait(10) == 0
+        assert not job._agent_runs(agent) and job._exit_status(agent) == "exit code 0"
+    finally:
+        popen.kill()
+        popen.wait(10)
 
 
 def test_kill_stops_the_agents_and_every_proc_on_them(nats_url):
