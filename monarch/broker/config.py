@@ -117,6 +117,11 @@ class Settings(BaseModel):
     zygote: bool = Field(
         True, description="Fork procs from a pre-imported template process (fast spawns)."
     )
+    preload_torch: Literal["auto", "1", "0"] = Field(
+        "auto",
+        description="Fork procs from a zygote that has imported torch: 'auto' once the client "
+        "script has imported it, '1' always (when installed), '0' never.",
+    )
     die_with_parent: bool = Field(
         True, description="Have the kernel kill procs whose parent dies (besides heartbeats)."
     )

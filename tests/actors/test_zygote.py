@@ -1,6 +1,7 @@
 """The proc zygote: procs are forks, and a spawn never waits for torch's import.
 
-The zygote imports torch in a second zygote, forked from the first once it is
+For a client that has imported torch (or with MONARCH_PRELOAD_TORCH=1), the
+zygote imports torch in a second zygote, forked from the first once it is
 idle; until that one is ready, the first forks procs itself. The test's torch
 is a stand-in whose import blocks until the test allows it, so "during the
 import" is a state the test holds, not a race it hopes to win.
@@ -14,6 +15,8 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,6 +83,7 @@ def test_a_spawn_during_the_torch_import_is_forked_at_once_and_later_ones_have_t
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(fake.parent), str(ROOT)]),
         "FAKE_TORCH_GO": str(tmp_path / "go"),
+        "MONARCH_PRELOAD_TORCH": "1",  # the client cannot import this torch itself
     }
     env.pop("MONARCH_NATS_URL", None)  # its own embedded broker and zygote
     done = subprocess.run(
@@ -155,6 +159,7 @@ def test_when_the_torch_zygote_dies_the_first_zygote_forks_again(tmp_path, nats_
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(fake.parent), str(ROOT)]),
         "MONARCH_HEARTBEAT_TIMEOUT": "60",
+        "MONARCH_PRELOAD_TORCH": "1",
     }
     env.pop("MONARCH_NATS_URL", None)
     done = subprocess.run(
@@ -169,3 +174,79 @@ def test_when_the_torch_zygote_dies_the_first_zygote_forks_again(tmp_path, nats_
     assert seen["with_torch"]["ppid"] == seen["torch_zygote"]
     assert [w["ppid"] for w in seen["after"]] == [zygote, zygote]
     assert [w["torch"] for w in seen["after"]] == [False, False]
+
+
+_CLIENT_IMPORTS_TORCH_LATER = """
+import json, os, sys, time
+from monarch.actor import Actor, endpoint, this_host
+from monarch.actors.procs import launcher
+from tests.helpers import descendants
+
+
+{WHERE}
+
+
+def spawn_one(name):
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    info = procs.spawn(name, Where).where.call_one().get(timeout=30)
+    procs.stop().get(timeout=30)
+    return info
+
+
+def torch_zygotes():
+    names = {}
+    for pid in descendants(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                names[pid] = f.read().strip()
+        except OSError:
+            pass
+    return [pid for pid, name in names.items() if name == "zygote-torch"]
+
+
+if sys.argv[1] == "torch-first":
+    import torch  # a script that works with tensors, told not to preload them
+before = spawn_one("before")
+time.sleep(1.0)  # idle: a zygote that wanted torch would fork its torch zygote now
+idle = spawn_one("idle")
+no_torch_zygote = torch_zygotes() == [] and launcher._the_zygote.torch_zygote is None
+import torch  # now the script works with tensors
+deadline = time.monotonic() + float(sys.argv[2])
+after = spawn_one("after")
+while not after["torch"] and time.monotonic() < deadline:
+    time.sleep(0.5)  # > zygote.PRELOAD_WHEN_IDLE
+    after = spawn_one("after")
+print(json.dumps({"before": before, "idle": idle, "no_torch_zygote": no_torch_zygote,
+                  "after": after, "torch_zygotes": torch_zygotes()}))
+"""
+
+
+@pytest.mark.parametrize("how", ["auto", "off"])
+def test_procs_have_torch_preloaded_only_for_a_client_that_imported_it(tmp_path, nats_url, how):
+    """auto: a client that has not imported torch gets procs without it (as
+    Monarch's), and no torch zygote; once it imports torch, procs have it. 0:
+    never, even for a client that imported torch before it started."""
+    script = tmp_path / "client.py"  # with the real torch: the client's codec uses it
+    script.write_text(textwrap.dedent(_CLIENT_IMPORTS_TORCH_LATER).replace("{WHERE}", _WHERE))
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "MONARCH_PRELOAD_TORCH": "auto" if how == "auto" else "0",
+    }
+    env.pop("MONARCH_NATS_URL", None)
+    # How long to keep spawning until a proc has torch: off, a few tries only.
+    args = ["torch-later", "60"] if how == "auto" else ["torch-first", "2"]
+    done = subprocess.run(
+        [sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=150
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    zygote = seen["before"]["ppid"]
+    assert seen["before"]["torch"] is False and seen["idle"]["torch"] is False
+    assert seen["idle"]["ppid"] == zygote  # forked by the first zygote
+    assert seen["no_torch_zygote"]  # none was started while nothing wanted torch
+    if how == "auto":
+        assert seen["after"]["torch"] is True
+        assert seen["after"]["ppid"] != zygote and seen["torch_zygotes"] == [seen["after"]["ppid"]]
+    else:
+        assert seen["after"]["torch"] is False and seen["torch_zygotes"] == []

@@ -222,8 +222,9 @@ class _Zygote:
         env = dict(os.environ)
         paths = [p for p in sys.path if p and os.path.isdir(p)]
         env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *paths])
+        torch = ["torch"] if wants_torch() else []  # start its torch zygote once idle
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "monarch.actors.procs.zygote", str(w)],
+            [sys.executable, "-m", "monarch.actors.procs.zygote", str(w), *torch],
             stdin=subprocess.PIPE,
             env=env,
             pass_fds=(w,),
@@ -254,7 +255,8 @@ class _Zygote:
         answer: queue.SimpleQueue = queue.SimpleQueue()
         with self._lock:
             self._forked[h.uid] = answer
-        line = json.dumps({"uid": h.uid, "ready": ready, "env": env, "tie": tie}) + "\n"
+        req = {"uid": h.uid, "ready": ready, "env": env, "tie": tie, "torch": wants_torch()}
+        line = json.dumps(req) + "\n"
         assert self.popen.stdin is not None
         self.popen.stdin.write(line.encode())
         self.popen.stdin.flush()
@@ -400,18 +402,40 @@ def run_on_launcher_thread(fn: Callable[[], T], timeout: float = 60.0) -> T:
     return value
 
 
+def wants_torch() -> bool:
+    """Whether procs should be forked with torch already imported (from the torch zygote).
+
+    ``MONARCH_PRELOAD_TORCH``: ``auto`` (the default) once this client has
+    imported torch, its actors most likely work with tensors, and a proc that
+    has it decodes its first tensor without a ~2 s import; a client that has
+    not gets procs without torch, as Monarch's are, several times smaller
+    alone (benchmarks/NOTES.md 43). ``1``: always, ``0``: never (when torch
+    is installed at all).
+    """
+    mode = settings().preload_torch
+    if mode == "0" or not _torch_installed():
+        return False
+    return mode == "1" or "torch" in sys.modules
+
+
+@functools.cache
+def _torch_installed() -> bool:
+    return importlib.util.find_spec("torch") is not None
+
+
 def ensure_zygote() -> None:
     """Start the zygote now and wait until it runs (tests use this to count processes).
 
-    With torch installed, wait also (at most 10 s) until it has forked its torch
-    zygote, which it does once idle: a process that is there for good.
+    For a client that wants torch in its procs (:func:`wants_torch`), wait also
+    (at most 10 s) until it has forked its torch zygote, which it does once
+    idle: a process that is there for good.
     """
     if not settings().zygote:
         return
     done: queue.SimpleQueue = queue.SimpleQueue()
     _launcher().put(lambda: done.put(_zygote()))
     zygote = done.get(timeout=60)
-    if importlib.util.find_spec("torch") is not None:
+    if wants_torch():
         deadline = time.monotonic() + 10
         while zygote.torch_zygote is None and zygote.alive and time.monotonic() < deadline:
             time.sleep(0.02)

@@ -6,12 +6,17 @@ at once then takes ~0.4 s. The zygote imports all of that once, waits, and
 forks a child for each proc asked for: the child inherits the imported
 modules and runs the proc's main.
 
-Once no fork has been asked for during ``PRELOAD_WHEN_IDLE`` seconds, it
-forks a second zygote that imports torch (when installed) and, once that is
-done, hands it the fork requests: a proc then has torch already, and the
-first tensor it decodes imports nothing on its event loop. A fork asked for
-during that import (~2 s of CPU here) is made at once by the first zygote,
-without torch (it imports it when it first needs it).
+For a client that works with torch (it has imported it; ``MONARCH_PRELOAD_TORCH``,
+see :func:`monarch.actors.procs.launcher.wants_torch`), once no fork has been
+asked for during ``PRELOAD_WHEN_IDLE`` seconds, it forks a second zygote that
+imports torch (when installed) and, once that is done, hands it the requests
+that want torch: a proc then has torch already, and the first tensor it
+decodes imports nothing on its event loop. A fork asked for during that
+import (~2 s of CPU here) is made at once by the first zygote, without torch
+(it imports it when it first needs it). A client that has not imported torch
+gets procs without it, as Monarch's are: a proc forked from the torch zygote
+shares its ~140 MB of torch heap, half of which a lone proc's PSS counts,
+and copies the pages it touches (benchmarks/NOTES.md 43).
 
 Neither zygote starts an event loop, and each forks only while no thread of
 its own runs (the torch zygote has torch's idle threads after the import;
@@ -19,7 +24,8 @@ forking after ``import torch`` is what DataLoader workers do), so forking
 them is safe. It talks to
 the client over two pipes, one JSON object per line:
 
-* client -> zygote (its stdin): ``{"uid": ..., "ready": ..., "env": {...}, "tie": bool}``
+* client -> zygote (its stdin): ``{"uid": ..., "ready": ..., "env": {...}, "tie": bool,
+  "torch": bool}`` (``torch``: fork it from the torch zygote when there is one; absent: true)
 * zygote -> client (a pipe whose fd is its only argument): ``{"uid": ..., "pid": N, "by": Z}``
   once forked (``Z``: the zygote that forked it), ``{"pid": N, "exit": code}`` when a child
   ends (``code`` as ``Popen.returncode``), ``{"torch_zygote": N}`` once the torch zygote is
@@ -77,15 +83,19 @@ def main() -> None:
 
     replies = os.fdopen(int(sys.argv[1]), "w", buffering=1)
     torch_to_import = importlib.util.find_spec("torch") is not None and "torch" not in sys.modules
-    _Zygote(sys.stdin.buffer.fileno(), replies, proc, with_torch_child=torch_to_import).serve()
+    zygote = _Zygote(sys.stdin.buffer.fileno(), replies, proc, with_torch_child=torch_to_import)
+    if zygote.torch is not None and sys.argv[2:] == ["torch"]:  # the client has torch already
+        zygote.torch.wanted = True
+    zygote.serve()
 
 
 class _Zygote:
     """Forks a proc for each request line read from ``requests``; reports to ``replies``.
 
-    ``with_torch_child``: once idle for ``PRELOAD_WHEN_IDLE`` seconds, fork a
-    second zygote that imports torch (:class:`_TorchZygote`), and hand it the
-    requests once it is ready. This one never imports torch and never runs a
+    ``with_torch_child``: once a request wanted torch (or the client said so at
+    start) and then idle for ``PRELOAD_WHEN_IDLE`` seconds, fork a second
+    zygote that imports torch (:class:`_TorchZygote`), and hand it the requests
+    that want torch once it is ready. This one never imports torch and never runs a
     thread, so it can fork at once meanwhile: a spawn during the import does
     not wait for it (it used to, ~2 s here).
     """
@@ -134,8 +144,13 @@ class _Zygote:
                 pending += chunk
                 while b"\n" in pending:
                     line, pending = pending.split(b"\n", 1)
-                    if self.torch is None or not self.torch.take(line):
-                        self.fork_proc(json.loads(line))
+                    req = json.loads(line)
+                    if self.torch is None or not req.get("torch", True):
+                        self.fork_proc(req)
+                        continue
+                    self.torch.wanted = True
+                    if not self.torch.take(line, req):
+                        self.fork_proc(req)
             self.reap()
 
     def fork_proc(self, req: dict) -> None:
@@ -194,6 +209,7 @@ class _TorchZygote:
         self.parent = parent
         self.pid: int | None = None
         self.ready = False
+        self.wanted = False  # a request wanted torch: start once idle
         self.over = False  # ended or failed: the plain zygote forks from now on
         self._told_r: int | None = None  # "ready", then "forked <uid>" lines; EOF: gone
         self._told = b""
@@ -207,10 +223,13 @@ class _TorchZygote:
         return [fd for fd in (self._told_r, self._requests_w) if fd is not None]
 
     def select_timeout(self) -> float | None:
-        return PRELOAD_WHEN_IDLE if self.pid is None and not self.over else None
+        return PRELOAD_WHEN_IDLE if self._to_start() else None
+
+    def _to_start(self) -> bool:
+        return self.wanted and self.pid is None and not self.over
 
     def step(self, idle: bool, readable: list[int]) -> None:
-        if idle and self.pid is None and not self.over:
+        if idle and self._to_start():
             self._start()
         if self._told_r is not None and self._told_r in readable and self._read_told():
             self.ended()
@@ -239,11 +258,10 @@ class _TorchZygote:
                 self._forwarded.pop(line[7:].decode(), None)
         return gone
 
-    def take(self, line: bytes) -> bool:
-        """Forward a request line if ready; False: the caller forks it itself."""
+    def take(self, line: bytes, req: dict) -> bool:
+        """Forward a request line (``req`` parsed) if ready; False: the caller forks it itself."""
         if not self.ready or self._requests_w is None:
             return False
-        req = json.loads(line)
         self._forwarded[req["uid"]] = req
         data = memoryview(line + b"\n")
         try:
