@@ -28,7 +28,8 @@ while not os.path.exists(os.environ["FAKE_TORCH_GO"]):
     time.sleep(0.02)
 """
 
-# An actor that says which process it is in, who forked it, and whether it had torch.
+# An actor that says which process it is in, who forked it, and whether it had torch;
+# and spawn_one(name), for the client scripts.
 _WHERE = """
 class Where(Actor):
     def __init__(self):
@@ -37,6 +38,13 @@ class Where(Actor):
     @endpoint
     def where(self) -> dict:
         return {"pid": os.getpid(), "ppid": os.getppid(), "torch": self.torch_at_start}
+
+
+def spawn_one(name):  # a mesh of one proc, the Where it holds, and stop
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    info = procs.spawn(name, Where).where.call_one().get(timeout=30)
+    procs.stop().get(timeout=30)
+    return info
 """
 
 _CLIENT = """
@@ -46,13 +54,6 @@ from monarch.actor import Actor, endpoint, this_host
 
 
 {WHERE}
-
-
-def spawn_one(name):
-    procs = this_host().spawn_procs(per_host={"gpus": 1})
-    info = procs.spawn(name, Where).where.call_one().get(timeout=30)
-    procs.stop().get(timeout=30)
-    return info
 
 
 first = spawn_one("first")  # starts the zygote
@@ -184,13 +185,6 @@ from tests.helpers import descendants
 
 
 {WHERE}
-
-
-def spawn_one(name):
-    procs = this_host().spawn_procs(per_host={"gpus": 1})
-    info = procs.spawn(name, Where).where.call_one().get(timeout=30)
-    procs.stop().get(timeout=30)
-    return info
 
 
 def torch_zygotes():
