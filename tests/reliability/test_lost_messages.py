@@ -14,6 +14,7 @@ import nats
 import pytest
 
 from monarch.actor import MessageLostError, this_host
+from monarch.actors.messaging import lost_replies
 from monarch.actors.messaging import messages as m
 from monarch.actors.messaging.lost_sends import SENT
 from monarch.actors.process_state import actor_process
@@ -135,3 +136,29 @@ def test_a_call_that_never_reaches_one_rank_fails_instead_of_waiting(nats_url, c
         counters.ping.call(5).get(timeout=60)
     assert caught.value.counts == {1: 1}
     assert actor_process(runtime()).prober.lost >= 1
+
+
+def test_many_small_replies_are_bounded_by_the_ledgers_byte_cap(monkeypatch):
+    """A kept reply counts its own overhead, not only its body: at S2's rate
+    (~17,000 tiny replies a second) REPLY_TTL alone would keep ~600 MB a proc."""
+
+    class Runtime:  # what the ledger asks of a runtime: who it is, and a publish
+        proc_uid = "proc"
+        published: list = []
+
+        def publish(self, subject, body, headers):
+            self.published.append(subject)
+
+    cap = 1 << 20
+    monkeypatch.setattr(lost_replies, "REPLY_CACHE_BYTES", cap)
+    rt = Runtime()
+    ledger = lost_replies.ReplyLedger(rt)
+    n = 10_000
+    for i in range(n):
+        subject = f"mon.default.port.client.{i}"
+        ledger.received(subject, 0)
+        ledger.sent(subject, 0, b"\x01", {m.KIND: "reply"})
+    assert ledger._bytes <= cap
+    assert len(ledger._sent) == cap // (lost_replies.ENTRY_OVERHEAD + 1)  # not all 10,000
+    newest = f"mon.default.port.client.{n - 1}"
+    assert ledger.status(newest, 0) == "replied" and rt.published == [newest]
