@@ -222,7 +222,9 @@ class _Zygote:
         env = dict(os.environ)
         paths = [p for p in sys.path if p and os.path.isdir(p)]
         env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *paths])
-        torch = ["torch"] if wants_torch() else []  # start its torch zygote once idle
+        # Wanted now: it starts its torch zygote once idle (else at a request that wants it).
+        self.torch_at_start = wants_torch()
+        torch = ["torch"] if self.torch_at_start else []
         self.popen = subprocess.Popen(
             [sys.executable, "-m", "monarch.actors.procs.zygote", str(w), *torch],
             stdin=subprocess.PIPE,
@@ -426,16 +428,16 @@ def _torch_installed() -> bool:
 def ensure_zygote() -> None:
     """Start the zygote now and wait until it runs (tests use this to count processes).
 
-    For a client that wants torch in its procs (:func:`wants_torch`), wait also
-    (at most 10 s) until it has forked its torch zygote, which it does once
-    idle: a process that is there for good.
+    For a client that wanted torch in its procs when the zygote started
+    (:func:`wants_torch`), wait also (at most 10 s) until it has forked its
+    torch zygote, which it does once idle: a process that is there for good.
     """
     if not settings().zygote:
         return
     done: queue.SimpleQueue = queue.SimpleQueue()
     _launcher().put(lambda: done.put(_zygote()))
     zygote = done.get(timeout=60)
-    if wants_torch():
+    if zygote.torch_at_start:  # else none comes before a spawn that wants torch
         deadline = time.monotonic() + 10
         while zygote.torch_zygote is None and zygote.alive and time.monotonic() < deadline:
             time.sleep(0.02)
