@@ -296,6 +296,34 @@ class Heartbeater:
         self._sync_soon()
         return HeardSubject(self, subject)
 
+    def publish(self, subject: str, body: bytes, headers: dict[str, str] | None = None) -> bool:
+        """From any thread: publish on this thread's connection; False if it has none now.
+
+        The side channel of a process: it is answered from here while the
+        process's event loop is blocked (an async endpoint in a long call, a
+        paused debugger), so ``monarch stacks`` and ``monarch debug`` are heard
+        then too. Best effort, in call order; nothing is sent once stopped.
+        """
+        with self._lock:
+            loop, nc = self._loop, self._nc
+            if loop is None or nc is None or self._stopping:
+                return False
+
+        def send() -> None:
+            if nc.is_closed:
+                return
+            task = loop.create_task(nc.publish(subject, body, headers=headers))
+            task.add_done_callback(_log_unsent)
+
+        if threading.current_thread() is self._thread:
+            send()
+            return True
+        try:
+            loop.call_soon_threadsafe(send)
+        except RuntimeError:  # its loop has just ended
+            return False
+        return True
+
     def in_place(self, subject: str) -> concurrent.futures.Future:
         """A future (any thread) done once the broker holds our subscription to ``subject``.
 
@@ -413,6 +441,11 @@ class Heartbeater:
         # Polled rather than joined in an executor: this also runs at interpreter exit.
         while thread is not None and thread.is_alive() and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
+
+
+def _log_unsent(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("side-channel message not sent: %r", task.exception())
 
 
 class HeardSubject:

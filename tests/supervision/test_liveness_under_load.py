@@ -567,3 +567,34 @@ def test_a_flood_of_messages_to_a_proc_does_not_hide_its_owners_heartbeats(tmp_p
     # The backlog must have outlasted the timeout, or the test shows nothing.
     assert took > 1.0, f"the messages were handled in {took:.2f} s: no backlog to hide beats"
     assert "is gone" not in err
+
+
+def test_the_heartbeat_thread_publishes_while_the_event_loop_is_blocked(nats_url: str) -> None:
+    """Heartbeater.publish is the process's side channel: it goes out while the loop that
+    asked is blocked (what ``monarch stacks`` and ``monarch debug`` rely on)."""
+
+    async def scenario() -> bytes:
+        cfg = settings()
+        nc = await connect(nats_url, cfg, name="test-side-channel-reader")
+        own = functools.partial(connect, nats_url, cfg, name="test-side-channel")
+        hb = Heartbeater("default", f"side-{secrets.token_hex(4)}", 0.2, own)
+        got: asyncio.Queue = asyncio.Queue()
+        subject = f"mon.default.test.side.{secrets.token_hex(4)}"
+        sub = await nc.subscribe(subject, cb=got.put)
+        hb.start()
+        try:
+            for _ in range(100):  # its connection up (bounded)
+                if hb._nc is not None:
+                    break
+                await asyncio.sleep(0.05)
+            assert hb.publish(subject, b"while blocked", {"Mon-Kind": "test"})
+            time.sleep(0.5)  # this loop blocked: the message leaves from the other thread
+            msg = await asyncio.wait_for(got.get(), 5)
+            return msg.data
+        finally:
+            await sub.unsubscribe()
+            await hb.stop()
+            assert not hb.publish(subject, b"after stop")
+            await nc.close()
+
+    assert run_in_own_loop(scenario()) == b"while blocked"
