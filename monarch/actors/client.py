@@ -28,8 +28,9 @@ from monarch.actors.hosting.supervisor import start_supervision
 from monarch.actors.messaging.loss_recovery import start_loss_recovery
 from monarch.actors.procs.controllers import get_or_spawn_here
 from monarch.actors.procs.launcher import prestart_zygote, run_on_launcher_thread
-from monarch.broker import subjects
-from monarch.broker.config import settings
+from monarch.broker import job_records, subjects
+from monarch.broker.auth import job_key
+from monarch.broker.config import Settings, settings
 from monarch.broker.server import EmbeddedBroker
 from monarch.core.future import Future
 from monarch.core.runtime import (
@@ -171,10 +172,13 @@ def start_client() -> Runtime:
             _embedded_url = None
             _forget_lost_timeout()
         raise
+    record = _publish_job_record(cfg, url, embedded=broker is not None)
 
     def shutdown() -> None:
         # Every wait is bounded (about stop_timeout + 20 s in all): exit never hangs.
         global _embedded_url
+        if record is not None:
+            record.remove()  # first: tools stop finding the job before its broker goes
         try:
             asyncio.run_coroutine_threadsafe(rt.close(), loop).result(cfg.stop_timeout + 5)
         except Exception:
@@ -194,6 +198,27 @@ def start_client() -> Runtime:
         atexit.register(shutdown_runtime)
         _atexit_registered = True
     return rt
+
+
+def _publish_job_record(
+    cfg: Settings, url: str, *, embedded: bool
+) -> job_records.PublishedJob | None:
+    """Write the record by which ``monarch ps`` (etc.) run elsewhere find this job.
+
+    Only the root writes one (procs install their runtime without this
+    starter). It holds the credentials this client connected with, and the
+    job key when the job signs its messages, so tools can read and sign too.
+    """
+    credentials = {name: getattr(cfg, name) for name in job_records.CREDENTIALS}
+    credentials["nats_job_key"] = job_key(cfg)  # MONARCH_AUTH=1: the key made for this job
+    record = job_records.new_record(
+        url=url,
+        namespace=cfg.namespace,
+        embedded=embedded,
+        credentials=credentials,
+        script=sys.argv[0] if sys.argv else "",
+    )
+    return job_records.publish(record, cfg.job_name)
 
 
 def _forget_parent_after_fork() -> None:

@@ -31,6 +31,12 @@ class Settings(BaseModel):
     namespace: str = Field(
         "default", pattern=r"^[A-Za-z0-9_-]+$", description="First token after 'mon.' in subjects."
     )
+    job_name: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$",
+        description="The name `monarch jobs` lists this job by (its record and NATS context "
+        "are named after it). Unset: the script's name and 4 hex digits, e.g. train-3f2a.",
+    )
     heartbeat_interval: float = Field(0.5, gt=0, description="Seconds between heartbeats.")
     heartbeat_timeout: float = Field(3.0, gt=0, description="Silence before a peer is dead.")
     pickle: bool = Field(True, description="Allow cloudpickle for values msgpack cannot carry.")

