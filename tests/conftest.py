@@ -8,14 +8,26 @@ in-process client runtime (and every proc it starts) at it.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
+import tempfile
 
 import pytest
 
 from monarch.actors.procs.zygote import TORCH_ZYGOTE_NAME
 from monarch.broker.server import EmbeddedBroker
 from tests.helpers import descendants, wait_until
+
+# Clients write job records and NATS contexts (monarch.broker.job_records) under
+# XDG_RUNTIME_DIR and XDG_CONFIG_HOME: the suite's go to a folder of its own, never
+# to the real home's.
+_XDG = tempfile.mkdtemp(prefix="monarch-tests-xdg-")
+os.environ["XDG_RUNTIME_DIR"] = os.path.join(_XDG, "run")
+os.environ["XDG_CONFIG_HOME"] = os.path.join(_XDG, "config")
+os.makedirs(os.environ["XDG_RUNTIME_DIR"], mode=0o700)
+atexit.register(shutil.rmtree, _XDG, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
