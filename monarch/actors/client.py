@@ -209,16 +209,20 @@ def _publish_job_record(
     starter). It holds the credentials this client connected with, and the
     job key when the job signs its messages, so tools can read and sign too.
     """
-    credentials = {name: getattr(cfg, name) for name in job_records.CREDENTIALS}
-    credentials["nats_job_key"] = job_key(cfg)  # MONARCH_AUTH=1: the key made for this job
-    record = job_records.new_record(
-        url=url,
-        namespace=cfg.namespace,
-        embedded=embedded,
-        credentials=credentials,
-        script=sys.argv[0] if sys.argv else "",
-    )
-    return job_records.publish(record, cfg.job_name)
+    try:
+        credentials = {name: getattr(cfg, name) for name in job_records.CREDENTIALS}
+        credentials["nats_job_key"] = job_key(cfg)  # MONARCH_AUTH=1: the key made for this job
+        record = job_records.new_record(
+            url=url,
+            namespace=cfg.namespace,
+            embedded=embedded,
+            credentials=credentials,
+            script=sys.argv[0] if sys.argv else "",
+        )
+        return job_records.publish(record, cfg.job_name)
+    except Exception:  # discovery is a convenience: never the reason a job fails to start
+        log.warning("monarch: this job's record was not written", exc_info=True)
+        return None
 
 
 def _forget_parent_after_fork() -> None:

@@ -27,6 +27,7 @@ import pytest
 
 from monarch.broker.job_records import default_stem
 from monarch.broker.ownership import process_identity
+from monarch.broker.server import EmbeddedBroker
 from tests.hosts.agents import ROOT, _readline
 
 JOB_SCRIPT = textwrap.dedent(
@@ -297,6 +298,32 @@ def test_several_jobs_need_job_to_pick_one(home):
         first.kill()
         if second is not None:
             second.kill()
+
+
+def test_a_job_on_an_external_broker_hands_tools_its_credentials_and_key(home):
+    """Token login and signed messages: ``ps`` gets both from the record, none from its shell."""
+    token = "external-token-0123456789"
+    with EmbeddedBroker(token=token) as broker:
+        plain_url = broker.url.replace(f"{token}@", "")
+        job = Job(
+            home, procs=True, MONARCH_NATS_URL=plain_url, MONARCH_NATS_TOKEN=token, MONARCH_AUTH="1"
+        )
+        try:
+            assert job.record["embedded"] is False and job.record["url"] == plain_url
+            assert job.record["credentials"]["nats_token"] == token
+            key = job.record["credentials"]["nats_job_key"]
+            assert len(key) >= 32
+            ps = home.monarch("ps", "--json")
+            assert ps.returncode == 0, ps.stderr
+            # The procs drop unsigned requests: they answer only because ps signed with the key.
+            snap = json.loads(ps.stdout)
+            assert [p["state"] for p in snap["procs"]] == ["up"]
+            assert [m["name"] for m in snap["meshes"]] == ["sleepers"]
+            ctx = json.loads((home.contexts / f"{job.name}.json").read_text())
+            assert ctx["url"] == plain_url and ctx["token"] == token
+            job.end()
+        finally:
+            job.kill()
 
 
 def test_a_job_that_ended_after_discovery_is_reported_not_a_traceback(home):
