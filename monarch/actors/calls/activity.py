@@ -14,7 +14,7 @@ while the proc's loop may be blocked), so:
   Nothing is formatted until someone asks (the caller's uid is read from the
   message only when shown);
 * readers copy the shared containers first and retry when a writer changed
-  them meanwhile (:func:`_copied`): writers never take a lock, except for the
+  them meanwhile (:func:`copied`): writers never take a lock, except for the
   counters of a ``@concurrent_endpoint``, whose calls end on several threads
   at once and would otherwise lose increments.
 
@@ -37,6 +37,7 @@ by default, and then a call costs nothing more.
 from __future__ import annotations
 
 import collections
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -48,6 +49,9 @@ BUCKET_BOUNDS_US: list[float] = [float(2**i) for i in range(BUCKETS - 1)] + [flo
 
 KEEP_ENDED = 60.0  # seconds a stopped or failed actor stays in the book
 RECENT_FAILURES = 50  # failures (and stalls) kept for viewers, newest last
+
+_monotonic = time.monotonic  # bound once: read on every call
+_get_ident = threading.get_ident
 
 # time.time() of a time.monotonic() reading: the book reads the monotonic
 # clock only (one clock read per event), and shows wall times through this.
@@ -176,13 +180,13 @@ class ActorActivity:
         ep = self.endpoints.get(name)
         if ep is None:
             ep = self.endpoints[name] = EndpointStats(name, concurrent)
-        call = Call(ep, msg, time.monotonic(), threading.get_ident())
+        call = Call(ep, msg, _monotonic(), _get_ident())
         self.in_flight.add(call)
         return call
 
     def end(self, call: Call, ok: bool) -> None:
         """``call`` is over (``ok``: it returned rather than raised)."""
-        now = time.monotonic()
+        now = _monotonic()
         self.in_flight.discard(call)
         ep = call.ep
         i = int((now - call.started) * 1_000_000).bit_length()
@@ -228,7 +232,7 @@ class ActorActivity:
 
     def calls_now(self) -> list[Call]:
         """The calls in flight, copied."""
-        return _copied(self.in_flight)
+        return copied(self.in_flight)
 
     def describe(self, threshold: float, now: float, thread_names: dict[int, str]) -> dict:
         """This actor as the stats answer shows it (see monarch.actors.hosting.stats)."""
@@ -250,7 +254,7 @@ class ActorActivity:
                 "in_flight": sum(1 for f in flying if f["endpoint"] == ep.name),
                 "hist": list(ep.hist),
             }
-            for ep in _copied(self.endpoints)
+            for ep in copied(self.endpoints)
             if ep.name != FLOW_MARKER
         }
         flying = [f for f in flying if f["endpoint"] != FLOW_MARKER]
@@ -289,7 +293,7 @@ class ActivityBook:
     def current(self) -> list[ActorActivity]:
         """The actors to show: live ones, and those ended less than KEEP_ENDED s ago."""
         now = time.monotonic()
-        acts = _copied(self.actors)
+        acts = copied(self.actors)
         for act in acts:
             if act.ended is not None and now - act.ended > KEEP_ENDED:
                 if self.actors.get(act.actor_id) is act:
@@ -337,7 +341,17 @@ book = ActivityBook()
 """This process's book."""
 
 
-def _copied(container: Any) -> list:
+def _forget_after_fork() -> None:
+    """A forked child has none of its parent's actors (their threads did not survive)."""
+    global book
+    book = ActivityBook()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def copied(container: Any) -> list:
     """A list of a dict's values or a set's members, while other threads change it."""
     values = container.values() if isinstance(container, dict) else container
     for _ in range(100):

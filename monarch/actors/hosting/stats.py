@@ -87,8 +87,8 @@ def stats_document(rt: Runtime, entry: dict[str, Any]) -> dict[str, Any]:
         "loop_stall": round(clock.stalled_for(), 3) if clock is not None else 0.0,
         "stall_threshold": threshold,
         "actors": activity.book.describe(threshold),
-        "recent_failures": activity._copied(activity.book.failures),
-        "stalls": activity._copied(activity.book.stalls),
+        "recent_failures": activity.copied(activity.book.failures),
+        "stalls": activity.copied(activity.book.stalls),
     }
 
 
