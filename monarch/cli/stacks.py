@@ -302,4 +302,8 @@ def run(args: argparse.Namespace) -> int:
         finally:
             await nc.close()
 
-    return asyncio.run(go())
+    try:
+        return asyncio.run(go())
+    except ConnectionError as e:
+        print(f"monarch stacks: {e}", file=sys.stderr)
+        return 1
