@@ -143,3 +143,16 @@ def test_call_listeners_get_one_record_per_finished_call(nats_url):
         assert r.caller == runtime().proc_uid and r.rank == 0
         assert 0 < r.t_delivered <= r.t_started <= r.t_ended
     local.stop().get(timeout=30)
+
+
+def test_an_answer_too_big_for_one_message_leaves_actors_out():
+    import json
+
+    from monarch.actors.hosting.stats import fitted
+
+    doc = {"uid": "p", "actors": [{"actor_id": f"a{i}", "pad": "x" * 1000} for i in range(100)]}
+    body = fitted(doc, 20_000)
+    assert len(body) <= 20_000
+    answer = json.loads(body)
+    assert answer["actors_left_out"] == 100 - len(answer["actors"]) > 0
+    assert json.loads(fitted(doc, 10**7)) == doc  # fits: unchanged

@@ -118,6 +118,21 @@ def stacks_document(rt: Runtime, entry: dict[str, Any], loop_thread: int | None)
     }
 
 
+def _fitted(doc: dict[str, Any], limit: int) -> bytes:
+    """``doc`` as JSON within ``limit`` bytes: past it, each stack keeps fewer of its
+    innermost frames (``"frames_left_out"`` says how many in all)."""
+    body = json.dumps(doc, default=str).encode()
+    keep = MAX_FRAMES
+    while len(body) > limit and keep > 1:
+        keep //= 2
+        threads = [{**t, "stack": t["stack"][-keep:]} for t in doc["threads"]]
+        left = sum(len(t["stack"]) for t in doc["threads"]) - sum(len(t["stack"]) for t in threads)
+        body = json.dumps(
+            {**doc, "threads": threads, "frames_left_out": left}, default=str
+        ).encode()
+    return body
+
+
 async def serve_stacks(rt: Runtime) -> None:
     """Answer ``mon.<ns>.ctl.stacks.<uid>`` from the side channel (on the loop, after
     supervision started; a process without one answers nothing)."""
@@ -132,7 +147,7 @@ async def serve_stacks(rt: Runtime) -> None:
         if not msg.reply:
             return
         try:
-            body = json.dumps(stacks_document(rt, entry, loop_thread), default=str).encode()
+            body = _fitted(stacks_document(rt, entry, loop_thread), rt.max_payload)
         except Exception:  # a viewer's question must never hurt the process
             log.exception("stacks answer of %s failed", rt.proc_uid)
             return

@@ -33,7 +33,9 @@ The answer (``nats req mon.default.ctl.stats ''`` shows the first one)::
 ``hist``: calls by duration, bucket ``i`` counting those under ``2**i``
 microseconds (:data:`monarch.actors.calls.activity.BUCKET_BOUNDS_US`; turn
 one into seconds with :func:`monarch.actors.calls.activity.percentile`).
-Stopped and failed actors stay listed for a minute. A request whose body is
+Stopped and failed actors stay listed for a minute. An answer that would not
+fit in one broker message lists the first actors only, and says how many it
+left out (``"actors_left_out"``). A request whose body is
 a JSON object ``{"uid": proc uid}`` is answered by that process only.
 """
 
@@ -105,7 +107,7 @@ async def serve_stats(rt: Runtime) -> None:
         if not msg.reply or not _for_me(msg.data, rt.proc_uid):
             return
         try:
-            body = json.dumps(stats_document(rt, entry)).encode()
+            body = fitted(stats_document(rt, entry), rt.max_payload)
         except Exception:  # a viewer's question must never hurt the process
             log.exception("stats answer of %s failed", rt.proc_uid)
             return
@@ -113,6 +115,19 @@ async def serve_stats(rt: Runtime) -> None:
 
     heard = await heartbeater.listen(stats_subject(rt.namespace), on_request)
     rt.on_close(heard.unsubscribe)
+
+
+def fitted(doc: dict[str, Any], limit: int) -> bytes:
+    """``doc`` as JSON within ``limit`` bytes (one broker message): past it, the actors at
+    the end of the list are left out and ``"actors_left_out"`` says how many."""
+    body = json.dumps(doc).encode()
+    actors = doc["actors"]
+    keep = len(actors)
+    while len(body) > limit and keep > 0:
+        keep //= 2
+        body = json.dumps({**doc, "actors": actors[:keep],
+                           "actors_left_out": len(actors) - keep}).encode()  # fmt: skip
+    return body
 
 
 def _for_me(data: bytes, uid: str) -> bool:
