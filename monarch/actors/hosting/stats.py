@@ -28,7 +28,9 @@ The answer (``nats req mon.default.ctl.stats ''`` shows the first one)::
                                 "caller": calling proc's uid, "thread": thread name,
                                 "stalled": bool}]}],
      "recent_failures": [{"actor_id", "reason", "time": unix}],
-     "stalls": [{"actor_id", "mesh", "rank", "endpoint", "caller", "seconds", "time"}]}
+     "stalls": [{"actor_id", "mesh", "mesh_uid", "rank", "endpoint", "caller",
+                 "seconds": how long it had run when found stalled, "time": unix then,
+                 "finished_after": seconds it ran in all, null while it runs}]}
 
 ``hist``: calls by duration, bucket ``i`` counting those under ``2**i``
 microseconds (:data:`monarch.actors.calls.activity.BUCKET_BOUNDS_US`; turn
