@@ -14,7 +14,7 @@ from monarch.broker.subjects import stats_subject
 from tests.helpers import run_in_own_loop
 
 
-async def _gather(url: str, namespace: str, window: float) -> list[dict]:
+async def _gather(url: str, namespace: str, window: float, body: bytes = b"") -> list[dict]:
     nc = await nats.connect(url)
     answers: list[dict] = []
     try:
@@ -24,7 +24,7 @@ async def _gather(url: str, namespace: str, window: float) -> list[dict]:
             answers.append(json.loads(msg.data))
 
         sub = await nc.subscribe(inbox, cb=on)
-        await nc.publish(stats_subject(namespace), b"", reply=inbox)
+        await nc.publish(stats_subject(namespace), body, reply=inbox)
         await asyncio.sleep(window)
         await sub.unsubscribe()
     finally:
@@ -32,9 +32,11 @@ async def _gather(url: str, namespace: str, window: float) -> list[dict]:
     return answers
 
 
-def stats_answers(url: str, namespace: str = "default", window: float = 0.5) -> list[dict]:
-    """Every answer heard within ``window`` seconds of one request."""
-    return run_in_own_loop(_gather(url, namespace, window), timeout=30)
+def stats_answers(
+    url: str, namespace: str = "default", window: float = 0.5, body: bytes = b""
+) -> list[dict]:
+    """Every answer heard within ``window`` seconds of one request (``body``: its body)."""
+    return run_in_own_loop(_gather(url, namespace, window, body), timeout=30)
 
 
 def actor_of(answers: list[dict], mesh: str, rank: int = 0) -> tuple[dict, dict] | None:

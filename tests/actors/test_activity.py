@@ -156,3 +156,16 @@ def test_an_answer_too_big_for_one_message_leaves_actors_out():
     answer = json.loads(body)
     assert answer["actors_left_out"] == 100 - len(answer["actors"]) > 0
     assert json.loads(fitted(doc, 10**7)) == doc  # fits: unchanged
+
+
+def test_a_request_naming_a_proc_is_answered_by_that_proc_only(procs, nats_url):
+    import json
+
+    from tests.actors.stats_requests import stats_answers
+
+    procs.spawn("act_named", Busy).work.call(1).get(timeout=30)
+    everyone = stats_answers(nats_url, window=1.0)
+    assert len(everyone) >= 2  # the client and the fixture's proc at least
+    uid = runtime().proc_uid
+    only = stats_answers(nats_url, window=1.0, body=json.dumps({"uid": uid}).encode())
+    assert [a["uid"] for a in only] == [uid]
