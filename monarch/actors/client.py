@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from monarch.actors import debugging
 from monarch.actors.hosting.server import local_server
 from monarch.actors.hosting.supervisor import start_supervision
 from monarch.actors.messaging.loss_recovery import start_loss_recovery
@@ -230,6 +231,7 @@ async def _connect_client(rt: Runtime, url: str) -> None:
     # singleton controllers, which only the root hands out.
     server = local_server(rt)
     server.handle("controller", lambda msg: get_or_spawn_here(server, msg))
+    debugging.install()  # breakpoint() in this_proc() actors pauses for `monarch debug`
 
 
 def _run_loop_forever(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:
