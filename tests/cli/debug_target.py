@@ -7,6 +7,7 @@ rank was let go by ``monarch debug``; exits 0.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 
@@ -27,6 +28,7 @@ class AsyncStepper(Actor):
     async def compute(self, base: int) -> int:
         x = base * 100 + current_rank().rank
         breakpoint()
+        await asyncio.sleep(0.01)  # `n` over an await stops at the next line
         return x + 7
 
 

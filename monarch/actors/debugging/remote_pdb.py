@@ -7,10 +7,12 @@
   bounded, for ``monarch debug`` to send one; its stdout is a buffer the
   session sends back with each answer. No prompt is written: the client
   prints its own ``(Pdb) ``.
-* stepping out of the actor's code (``n`` or ``r`` past the endpoint's end,
-  into monarch's or asyncio's frames) ends the session, as a ``continue``
-  would: stopping in the runtime's own frames would show the user nothing
-  of theirs, and would keep the thread traced until it next ran their code.
+* it never stops in the runtime's own frames (monarch's, asyncio's,
+  threading's: pdb's ``skip``), and stepping out of the actor's code (``n``
+  or ``r`` past the endpoint's end) ends the session, as a ``continue``
+  would: stopping there would show the user nothing of theirs, and would
+  keep the thread traced until it next ran their code. In an async
+  endpoint, ``n`` over an ``await`` stops at the next line, as in pdb.
 * the commands that read the process's own stdin (``clear`` without an
   argument asks for confirmation, ``interact`` starts a console) are
   replaced by what works remotely.
@@ -18,6 +20,8 @@
 
 from __future__ import annotations
 
+import dis
+import inspect
 import pdb
 import threading
 from types import FrameType
@@ -26,14 +30,28 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # annotations only: the session module builds on this one
     from monarch.actors.debugging.sessions import Session
 
-# Frames of these modules are the runtime's, not the actor's code: stepping into
-# one means the endpoint has returned (or an await handed the loop back).
-_INTERNAL = ("monarch.", "asyncio.", "concurrent.futures", "threading", "contextvars")
+# Frames of these modules are the runtime's, not the actor's code: pdb never stops in
+# them, and the actor's code returning into one means the endpoint is done.
+RUNTIME_MODULES = ["monarch.*", "asyncio", "asyncio.*", "concurrent.futures*", "threading",
+                   "contextvars", "nats.*", "msgpack*"]  # fmt: skip
+_PREFIXES = tuple(m.rstrip("*") for m in RUNTIME_MODULES)
+_YIELD_VALUE = dis.opmap["YIELD_VALUE"]
+_GENERATOR_LIKE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 
-def is_internal(frame: FrameType) -> bool:
+def is_runtime(frame: FrameType | None) -> bool:
+    """Whether ``frame`` runs the runtime's code (or there is no frame: a thread's start)."""
+    if frame is None:
+        return True
     name = frame.f_globals.get("__name__") or ""
-    return name.startswith(_INTERNAL) or name in ("threading", "contextvars", "asyncio")
+    return name.startswith(_PREFIXES)
+
+
+def finishing(frame: FrameType) -> bool:
+    """At a return event: the frame ends (rather than a coroutine suspending at an await)."""
+    if not frame.f_code.co_flags & _GENERATOR_LIKE:
+        return True
+    return frame.f_code.co_code[frame.f_lasti] != _YIELD_VALUE
 
 
 class Output:
@@ -74,17 +92,24 @@ class RemotePdb(pdb.Pdb):
     def __init__(self, session: Session) -> None:
         self.session = session
         self.out = Output()
-        super().__init__(stdin=_Input(self), stdout=self.out, nosigint=True, readrc=False)  # type: ignore[arg-type]
+        super().__init__(
+            stdin=_Input(self),  # type: ignore[arg-type]
+            stdout=self.out,  # type: ignore[arg-type]
+            skip=RUNTIME_MODULES,
+            nosigint=True,
+            readrc=False,
+        )
         self.use_rawinput = False
         self.prompt = ""  # the client shows "(Pdb) "
 
-    def stop_here(self, frame: FrameType) -> bool:
-        if not super().stop_here(frame):
-            return False
-        if is_internal(frame):
-            self.set_continue()
-            return False
-        return True
+    def dispatch_return(self, frame: FrameType, arg: object) -> object:
+        trace = super().dispatch_return(frame, arg)
+        stepping = not (self.stopframe is self.botframe and self.stoplineno == -1)
+        if (stepping and not self.quitting and not is_runtime(frame) and finishing(frame)
+                and is_runtime(frame.f_back)):  # fmt: skip
+            self.set_continue()  # the actor's code returns to the runtime: the session is over
+            return None
+        return trace
 
     def set_continue(self) -> None:
         super().set_continue()
