@@ -116,7 +116,7 @@ def _note(info: dict[str, Any], answer: dict[str, Any]) -> str:
     """What to say about an answer's state (nothing for a session still at its prompt)."""
     state = answer.get("state")
     if state == p.ENDED:
-        return "session ended (continued)"
+        return f"session ended ({answer.get('how') or 'continued'})"
     if state == p.RUNNING:
         return "running: it pauses again at a breakpoint (`list` shows it then)"
     if state == p.GONE:

@@ -11,10 +11,11 @@ debugger needs may wait for that loop.
   as :func:`session_info` makes it.
 * ``mon.<ns>.dbg.in.<proc-uid>.<session>`` (body ``{"op": "attach"|"line",
   "line": str}``, reply inbox): the session answers with one output message
-  ``{"session": id, "out": text, "state": STATE}``; ``STATE`` is ``prompt``
+  ``{"session": id, "out": text, "state": STATE, "how": why}``; ``STATE`` is ``prompt``
   (it waits for the next line), ``running`` (it went on; breakpoints remain
   set, it pauses again when one is hit), ``ended`` (it continued or quit for
-  good) or ``gone`` (no such session here: it ended meanwhile).
+  good; ``how`` says how: continued, quit, the endpoint returned) or ``gone``
+  (no such session here: it ended meanwhile).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dis
 import inspect
 import pdb
+import sys
 import threading
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -101,23 +102,29 @@ class RemotePdb(pdb.Pdb):
         )
         self.use_rawinput = False
         self.prompt = ""  # the client shows "(Pdb) "
+        self._how = "continued"  # how the session ends, when it does (said to the client)
 
     def dispatch_return(self, frame: FrameType, arg: object) -> object:
         trace = super().dispatch_return(frame, arg)
         stepping = not (self.stopframe is self.botframe and self.stoplineno == -1)
         if (stepping and not self.quitting and not is_runtime(frame) and finishing(frame)
                 and is_runtime(frame.f_back)):  # fmt: skip
+            self._how = "the endpoint returned"
             self.set_continue()  # the actor's code returns to the runtime: the session is over
             return None
         return trace
 
     def set_continue(self) -> None:
         super().set_continue()
-        self.session.went_on(self, ended=not self.breaks)
+        how, self._how = self._how, "continued"
+        self.session.went_on(self, ended=not self.breaks, how=how)
 
     def set_quit(self) -> None:
         super().set_quit()
-        self.session.went_on(self, ended=True)
+        # pdb raises BdbQuit into the endpoint now; its tracer would stay on this
+        # (long-lived) thread and slow every later call of the actor.
+        sys.settrace(None)
+        self.session.went_on(self, ended=True, how="quit: the endpoint raises BdbQuit")
 
     def where_text(self) -> str:
         """Where it stopped, as pdb shows it on stopping (``> file(line)function()``)."""

@@ -77,21 +77,21 @@ class Session:
             self.info["state"] = "running"
             return line.rstrip("\n") + "\n"
 
-    def went_on(self, debugger: RemotePdb, *, ended: bool) -> None:
+    def went_on(self, debugger: RemotePdb, *, ended: bool, how: str = "continued") -> None:
         """pdb continued (``ended``: for good; else it stops again at a breakpoint) or quit."""
         if self._over:
             return
         if self._owed:
-            self._send(debugger.out.take(), p.ENDED if ended else p.RUNNING)
+            self._send(debugger.out.take(), p.ENDED if ended else p.RUNNING, how)
         self.info["state"] = "running"
         if ended:
             self._over = True
             self.table.close(self)
 
-    def _send(self, text: str, state: str) -> None:
+    def _send(self, text: str, state: str, how: str = "") -> None:
         self._owed = False
         if self._reply:
-            body = {"session": self.sid, "out": text, "state": state, **self._where()}
+            body = {"session": self.sid, "out": text, "state": state, "how": how, **self._where()}
             self.table.heartbeater.publish(self._reply, p.encode(body))
 
     def _where(self) -> dict[str, Any]:
