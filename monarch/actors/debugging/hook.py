@@ -14,8 +14,6 @@ from types import FrameType
 from typing import Any
 
 from monarch.actors.calls.context import Context, actor_context
-from monarch.actors.debugging.remote_pdb import RemotePdb
-from monarch.actors.debugging.sessions import table_for
 from monarch.actors.process_state import actor_process
 from monarch.core.runtime import current_runtime_or_none
 
@@ -68,6 +66,10 @@ def pause(ctx: Context, frame: FrameType, header: str | None = None) -> None:
     if rt is None or supervisor is None:  # no side channel to be reached on
         _local(frame, header)
         return
+    # Imported at the first breakpoint: a process that never pauses does not pay for them.
+    from monarch.actors.debugging.remote_pdb import RemotePdb
+    from monarch.actors.debugging.sessions import table_for
+
     ins = ctx.actor_instance
     info = {
         "actor": ins.actor_id,
