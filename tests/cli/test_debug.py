@@ -199,7 +199,7 @@ def test_async_endpoint_breakpoint_answers_while_its_loop_is_blocked(nats_url, n
         # `n` over the await stops at the next line, as in pdb (the loop ran meanwhile).
         out = debug(env, "--cast", "ranks(1)", "n")
         assert out.returncode == 0 and f"({_line_of('return x + 7')})compute()" in out.stdout, out
-        out = debug(env, "--cast", "ranks(all)", "c")
+        out = debug(env, stdin="continue\nquit\n")  # clears breakpoints, continues every rank
         assert out.returncode == 0, out
         assert out.stdout.count("session ended (continued)") == 2, out.stdout
         code, values = target.result()
@@ -254,35 +254,29 @@ def test_console_without_sessions_says_so_and_bad_input_keeps_the_prompt(nats_ur
     assert debug(env, "--list").returncode == 0
 
 
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 def test_session_ends_with_a_message_when_its_proc_dies_while_attached(nats_url, namespace):
     env = _env(nats_url, namespace)
     target = Target(env, "sync")
+    tmux = None
     try:
         rows = target.wait_paused(2)
         rank1 = next(r for r in rows if r[1] == "1")
-        console = subprocess.Popen(
-            [sys.executable, "-m", "monarch.cli.main", "debug", "--timeout", "20"],
-            cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        try:
-            assert console.stdin is not None
-            console.stdin.write("attach 1\n")
-            console.stdin.flush()
-            time.sleep(3)  # attached; then its proc is killed
-            os.kill(int(rank1[5]), signal.SIGKILL)
-            console.stdin.write("p x\nlist\nquit\n")
-            console.stdin.flush()
-            out, err = console.communicate(timeout=90)
-        finally:
-            if console.poll() is None:
-                console.kill()
-                console.communicate(timeout=30)
-        assert f"session ended: proc {rank1[3]} is gone" in out, (out, err)
-        assert out.rstrip().endswith("monarch_dbg>"), out  # back at the prompt, then quit
-        assert console.returncode == 0
-        assert "Traceback" not in out + err
+        tmux = Tmux([sys.executable, "-m", "monarch.cli.main", "debug"], env)
+        tmux.wait_for("monarch_dbg> ")
+        tmux.type("attach 1")
+        tmux.wait_for("attached to syncstepper rank 1")
+        os.kill(int(rank1[5]), signal.SIGKILL)
+        tmux.type("p x")
+        tmux.wait_for(f"session ended: proc {rank1[3]} is gone")
+        tmux.wait_for("monarch_dbg> ", count=2)  # back at the prompt
+        tmux.type("quit")
+        screen = tmux.wait_for("EXIT=0")
+        assert "Traceback" not in screen
+        tmux.keep("proc-dies-while-attached")
     finally:
+        if tmux is not None:
+            tmux.close()
         target.stop()
 
 
