@@ -46,15 +46,24 @@ def run(args: argparse.Namespace) -> int:
         try:
             client.connect(url)
         except Exception as e:  # noqa: BLE001  (unreachable broker: one line, not a traceback)
-            print(f"monarch debug: cannot reach the broker at {url}: {e}", file=sys.stderr)
+            print(f"monarch debug: {e}", file=sys.stderr)
             return 1
         if args.list:
             return print_sessions(client.sessions())
         if args.cast is not None:
             return cast_once(client, args.cast, " ".join(args.pdb_command))
         return Console(client).loop()
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # noqa: BLE001  (the broker went away mid-command: say so, no traceback)
+        print(f"monarch debug: {_failure(e)}", file=sys.stderr)
+        return 1
     finally:
         client.close()
+
+
+def _failure(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
 def cast_once(client: DebugClient, selection: str, command: str) -> int:
@@ -156,8 +165,14 @@ class Console:
                 continue
             if isinstance(cmd, dc.Quit):
                 return 0
-            if cmd is not None:
+            if cmd is None:
+                continue
+            try:
                 self.do(cmd)
+            except KeyboardInterrupt:
+                print("\ninterrupted")
+            except Exception as e:  # noqa: BLE001  (e.g. the broker went away: the prompt stays)
+                print(f"command failed: {_failure(e)}")
 
     def do(self, cmd: dc.Command) -> None:
         if isinstance(cmd, dc.Help):
