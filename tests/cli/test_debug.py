@@ -129,7 +129,14 @@ class Tmux:
         return path
 
     def close(self) -> None:
+        """Stop the tmux server, and remove its socket file (kill-server leaves it behind)."""
+        try:
+            path = self._tmux("display-message", "-p", "#{socket_path}").strip()
+        except subprocess.SubprocessError:
+            path = ""
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=30)
+        if path.endswith(self.socket):
+            Path(path).unlink(missing_ok=True)
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
