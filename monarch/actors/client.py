@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from monarch.actors import debugging
 from monarch.actors.hosting.server import local_server
 from monarch.actors.hosting.stacks import serve_stacks
 from monarch.actors.hosting.stalls import watch_stalls
@@ -265,6 +266,7 @@ async def _connect_client(rt: Runtime, url: str) -> None:
     await serve_stats(rt)  # its this_proc() actors, for `monarch top` and `monarch stacks`
     watch_stalls(rt)  # calls over MONARCH_STALL_THRESHOLD: told to their callers, who warn
     await serve_stacks(rt)  # `monarch stacks`: every thread's stack, from the side channel
+    debugging.install()  # breakpoint() in this_proc() actors pauses for `monarch debug`
 
 
 def _run_loop_forever(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:

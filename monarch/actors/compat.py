@@ -36,7 +36,11 @@ def sim_proc_mesh(*args: Any, **kwargs: Any) -> NoReturn:
 
 
 def debug_controller(*args: Any, **kwargs: Any) -> NoReturn:
-    _missing("debug_controller", "the interactive actor debugger is not built")
+    _missing(
+        "debug_controller",
+        "the debugger has no controller actor here: breakpoint() in an endpoint pauses that "
+        "actor, and `monarch debug` attaches to it (docs/debugging.md)",
+    )
 
 
 class ChannelTransport(enum.Enum):

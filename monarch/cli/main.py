@@ -95,6 +95,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--py-spy", action="store_true",
         help="read local procs with `py-spy dump` (works while a C call holds the GIL)",
     )  # fmt: skip
+    debug = sub.add_parser(
+        "debug", help="list actors paused at breakpoint() and attach a pdb console to them"
+    )
+    _common(debug)
+    debug.add_argument("--list", action="store_true", help="print the paused sessions and exit")
+    debug.add_argument(
+        "--cast",
+        default=None,
+        metavar="SEL",
+        help="send PDB_COMMAND to the sessions SEL names (e.g. 'ranks(all)', 'trainers ranks(0,2)')"
+        " and exit",
+    )
+    debug.add_argument("pdb_command", nargs="*", help="with --cast: the pdb command, e.g. c or p x")
+    debug.add_argument(
+        "--window", type=float, default=1.0, help="seconds to collect the sessions' answers"
+    )
+    debug.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds a session has to answer a command"
+    )
 
     tail = sub.add_parser("tail", help="print live traffic on SUBJECT, decoded")
     _common(tail)

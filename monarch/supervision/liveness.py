@@ -332,6 +332,11 @@ class Heartbeater:
             return False
         return True
 
+    @property
+    def stopping(self) -> bool:
+        """True once :meth:`stop` began: the process is ending (e.g. a paused debugger goes on)."""
+        return self._stopping
+
     def in_place(self, subject: str) -> concurrent.futures.Future:
         """A future (any thread) done once the broker holds our subscription to ``subject``.
 

@@ -22,6 +22,7 @@ import threading
 import weakref
 
 import monarch.actors.calls.actor_mesh  # noqa: F401  (registers the actor mesh reference type)
+from monarch.actors import debugging
 from monarch.actors.hosting.log_forwarding import install_forwarding
 from monarch.actors.hosting.server import local_server
 from monarch.actors.hosting.stacks import serve_stacks
@@ -51,6 +52,7 @@ async def serve(uid: str, ready: str, url: str) -> None:
         owner_proc=os.environ.get("MONARCH_OWNER_PROC"),
         find_actor=lambda actor_id: local_server(rt).find(actor_id),
     )
+    debugging.install()  # breakpoint() in an endpoint pauses for `monarch debug`
     server = local_server(rt)
     register_proc(rt, server.list_actors)  # a registry entry, and answers to `monarch ps`
     await serve_stats(rt)  # what its actors are doing, answered even while the loop is blocked
