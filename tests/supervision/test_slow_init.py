@@ -52,7 +52,9 @@ def run_client(tmp_path: Path, body: str, timeout: float = 120.0, **env: str):
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
         out, err = p.communicate(timeout=10)
-        raise AssertionError(f"client script did not finish in {timeout} s:\n{out}\n{err}") from None
+        raise AssertionError(
+            f"client script did not finish in {timeout} s:\n{out}\n{err}"
+        ) from None
     return p.returncode, out, err, time.time()
 
 

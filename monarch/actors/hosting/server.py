@@ -3,7 +3,7 @@
 Every proc runs one (and the client, once it hosts ``this_proc()`` actors or
 controllers). Control messages (``bootstrap``, ``spawn``, ``stop_mesh``, ``stop``,
 ``ping``, ``log_mode``; at the root also ``controller``, handed in by the client) are
-served one at a time, in order.
+served one at a time, in order; a ``stop`` at once (it must not wait for an ``__init__``).
 """
 
 from __future__ import annotations
@@ -49,7 +49,26 @@ class ProcServer:
         self.controllers: dict[str, Any] = {}
         self._handlers: dict[str, Callable[[Msg], Awaitable[Any]]] = {}  # kinds handed in
         self._nested: set[asyncio.Task] = set()  # stop / stop_mesh handlers running (see _serve)
-        rt.set_ctl_handler(self._ctl.put_nowait)
+        rt.set_ctl_handler(self._take)
+
+    def _take(self, msg: Msg) -> None:
+        """On the loop: queue a control message, or serve a ``stop`` at once.
+
+        A stop is not queued behind a spawn whose ``__init__`` may run for
+        minutes: the owner asks it when giving up on this proc (a caught
+        SpawnError, the client's exit), and would wait its stop timeout for an
+        answer. What the stop does not reach (an actor still in ``__init__``)
+        ends with the process.
+        """
+        if (msg.headers or {}).get(m.KIND) == "stop":
+            self._nest(msg, "stop")
+        else:
+            self._ctl.put_nowait(msg)
+
+    def _nest(self, msg: Msg, kind: str) -> None:
+        task = self.rt.loop.create_task(self._handle(msg, kind))
+        self._nested.add(task)
+        task.add_done_callback(self._nested.discard)
 
     async def _serve(self) -> None:
         # Served until the process exits (or close()): after a stop, a late stop or
@@ -61,10 +80,8 @@ class ProcServer:
                 # Stopping an actor stops the meshes it owns first, and one of those may
                 # live in this very process: its stop_mesh comes back to this queue. Served
                 # in line, it would wait behind the stop that waits for it (until the stop
-                # timeout). Earlier control messages (a spawn) are already done here.
-                task = self.rt.loop.create_task(self._handle(msg, kind))
-                self._nested.add(task)
-                task.add_done_callback(self._nested.discard)
+                # timeout). Earlier control messages (a spawn of that mesh) are done here.
+                self._nest(msg, kind)
                 continue
             await self._handle(msg, kind)
 

@@ -33,6 +33,7 @@ from monarch.actors.calls.endpoint import endpoints_of
 from monarch.actors.errors import (
     MeshStoppedError,
     ProcStartError,
+    SpawnError,
     SupervisionError,
     process_exit_reason,
 )
@@ -43,6 +44,7 @@ from monarch.actors.meshes.shape import Extent, View
 from monarch.actors.messaging import messages as m
 from monarch.actors.messaging.rpc import request_all
 from monarch.actors.process_state import actor_process
+from monarch.actors.procs.control_wait import ControlWait
 from monarch.actors.procs.launcher import Launcher, ProcHandle
 from monarch.actors.procs.log_collection import LogCollector, LogMode
 from monarch.broker import subjects
@@ -106,6 +108,9 @@ class ProcMeshState:
         self.stopping = False
         self.stopped: Future[None] | None = None
         self.spawning: set[asyncio.Task] = set()
+        # Control requests running user code (spawns, the bootstrap) still waited on:
+        # a proc lost meanwhile fails them at once (_proc_lost), a stop ends them.
+        self.control_waits: set[ControlWait] = set()
         self.logs = LogCollector(rt, name)  # prints the procs' output here
 
     async def start(self) -> None:
@@ -153,14 +158,59 @@ class ProcMeshState:
         failure is an :class:`~monarch.actors.errors.ActorError` carrying the
         function's exception (``initialized`` and every spawn raise it).
         """
-        ns = self.rt.namespace
-        requests = [(subjects.ctl_proc(ns, p.uid), body, {m.KIND: "bootstrap"}) for p in self.procs]
-        replies = await request_all(self.rt, requests, self.rt.settings.spawn_timeout, self.dead)
+        replies = await self.ask_procs(
+            f"bootstrapping proc mesh {self.name!r}",
+            list(range(len(self.procs))),
+            "bootstrap",
+            body,
+            error=ProcStartError,
+        )
         for rank, reply in enumerate(replies):
-            if (reply.headers or {}).get(m.KIND) == "error":
+            if reply is not None and (reply.headers or {}).get(m.KIND) == "error":
                 raise m.decode_error(
                     reply.data, actor_id=self.procs[rank].uid, rank=rank, endpoint="bootstrap"
                 )
+
+    async def ask_procs(
+        self,
+        what: str,
+        proc_ranks: list[int],
+        kind: str,
+        body: bytes,
+        *,
+        fail_fast: bool = False,
+        error: type[Exception] = SpawnError,
+    ) -> list[Any]:
+        """A control request that runs user code on each of ``proc_ranks``; the replies.
+
+        Waited for as long as the procs are alive and busy (see
+        :mod:`monarch.actors.procs.control_wait`): MONARCH_SPAWN_TIMEOUT bounds
+        only a proc's silence, and a proc lost meanwhile fails it at once.
+        """
+        handles = [self.procs[pr] for pr in proc_ranks]
+        wait = ControlWait(
+            self.rt, what, [h.uid for h in handles], self._last_heard,
+            fail_fast=fail_fast, error=error,
+        )  # fmt: skip
+        ns = self.rt.namespace
+        self.control_waits.add(wait)
+        try:
+            for h in handles:
+                if h.lost:
+                    wait.proc_lost(h.uid, f"proc {h.uid} (rank {h.rank}) is already gone")
+            return await wait.run(
+                [subjects.ctl_proc(ns, h.uid) for h in handles],
+                body,
+                {m.KIND: kind},
+                self.rt.settings.spawn_timeout,
+            )
+        finally:
+            self.control_waits.discard(wait)
+
+    def _last_heard(self, uid: str) -> float | None:
+        """When ``uid``'s heartbeat was last heard here (a sign of life), if ever."""
+        sup = supervisor_of(self.rt)
+        return None if sup is None else sup.watcher.last_heard(uid)
 
     def proc_uids(self) -> list[str]:
         """The uids of this mesh's procs, known before they start (they are chosen here)."""
@@ -195,21 +245,23 @@ class ProcMeshState:
         if handle.lost or self.stopping:
             return
         handle.lost = True
-        if not self.ready.done() and not self.dead.done():
-            err = ProcStartError(f"proc {handle.uid} ended before it was ready: {why}")
-            self.dead.set_exception(err)
-            self.dead.exception()
-        exc = SupervisionError(
+        lost = SupervisionError(
             f"proc {handle.uid} (rank {handle.rank} of proc mesh {self.name!r}) is gone: {why}",
             actor_id=handle.uid,
             rank=handle.rank,
         )
+        for wait in list(self.control_waits):  # a spawn waiting on it fails now, saying why
+            wait.proc_lost(handle.uid, lost)
+        if not self.ready.done() and not self.dead.done():
+            err = ProcStartError(f"proc {handle.uid} ended before it was ready: {why}")
+            self.dead.set_exception(err)
+            self.dead.exception()
         sup = supervisor_of(self.rt)
         for mesh_state, proc_ranks in self.actor_meshes:
             ranks = [i for i, pr in enumerate(proc_ranks) if pr == handle.rank]
             if not ranks:
                 continue
-            mesh_state.mark_dead(ranks, exc)
+            mesh_state.mark_dead(ranks, _while_spawning(mesh_state, ranks, lost))
             if sup is not None:
                 # Monarch's words first ("the process this actor was running on
                 # failed: Killed(sig=9)"), then which proc it was.
@@ -253,16 +305,13 @@ class ProcMeshState:
             await asyncio.shield(self.ready)
             if self.stopping:
                 raise MeshStoppedError(f"`ProcMesh` has already been stopped ({self.name!r})")
-            ns = self.rt.namespace
-            requests = [
-                (subjects.ctl_proc(ns, self.procs[pr].uid), body, {m.KIND: "spawn"})
-                for pr in proc_ranks
-            ]
-            replies = await request_all(
-                self.rt, requests, self.rt.settings.spawn_timeout, self.dead
-            )
+            # A slow __init__ on live procs is waited for; the first to fail fails it all.
+            replies = await self.ask_procs(
+                f"spawning actor mesh {mesh_state.name!r}", proc_ranks, "spawn", body,
+                fail_fast=True,
+            )  # fmt: skip
             for rank, reply in enumerate(replies):
-                if (reply.headers or {}).get(m.KIND) == "error":
+                if reply is not None and (reply.headers or {}).get(m.KIND) == "error":
                     err = m.decode_error(
                         reply.data,
                         actor_id=mesh_state.actor_id(rank),
@@ -299,6 +348,8 @@ class ProcMeshState:
         # them are delivered before the procs are told to stop.
         if self.spawning:
             await asyncio.wait(list(self.spawning), timeout=self.rt.settings.spawn_timeout)
+        for wait in list(self.control_waits):  # an __init__ still running is not waited for
+            wait.abort(MeshStoppedError(f"`ProcMesh` {self.name!r} was stopped while spawning"))
         self.stopping = True
         procs = self.procs if procs is None else procs
         for mesh_state, _ in self.actor_meshes:
@@ -408,10 +459,12 @@ class ProcMeshRef(ProcMeshState):
             actor_id=handle.uid,
             rank=handle.rank,
         )
+        for wait in list(self.control_waits):
+            wait.proc_lost(handle.uid, exc)
         for mesh_state, proc_ranks in self.actor_meshes:
             ranks = [i for i, pr in enumerate(proc_ranks) if pr == handle.rank]
             if ranks:
-                mesh_state.mark_dead(ranks, exc)
+                mesh_state.mark_dead(ranks, _while_spawning(mesh_state, ranks, exc))
 
     async def stop(self, procs: list[ProcHandle] | None = None) -> None:
         raise ValueError(
@@ -424,6 +477,14 @@ class ProcMeshRef(ProcMeshState):
 
     async def kill(self) -> None:
         return None
+
+
+def _while_spawning(mesh_state: MeshState, ranks: list[int], exc: BaseException) -> BaseException:
+    """What calls to ``ranks`` raise once their proc is gone: a :class:`SpawnError` while
+    the mesh is still being spawned (its proc died in ``__init__``), else ``exc``."""
+    if mesh_state.ready or mesh_state.error is not None:
+        return exc
+    return spawn_error(mesh_state.name, ranks[0], exc)
 
 
 def owned_by_caller(mesh: Any) -> None:
