@@ -116,6 +116,7 @@ class ProcMeshState:
     async def start(self) -> None:
         port_id, subject = self.rt.open_port(self._on_ready)
         self._ready_count = 0
+        self._ready_uids: set[str] = set()
         try:
             uids = self.proc_uids()
             await self.logs.start(uids)  # before launch, so no early line is lost
@@ -124,13 +125,14 @@ class ProcMeshState:
             )
             self._maybe_ready()  # forked procs may all have said "ready" before launch returned
             timeout = self.rt.settings.spawn_timeout
+            launched = self.rt.loop.time()
             done, _ = await asyncio.wait(
                 [self._said_ready, self.dead], timeout=timeout, return_when=asyncio.FIRST_COMPLETED
             )
             if self._said_ready not in done:
                 if self.dead.done():
                     raise self.dead.exception()  # type: ignore[misc]
-                raise ProcStartError(f"procs of {self.name!r} not ready after {timeout} s")
+                raise self._not_ready(timeout, self.rt.loop.time() - launched)
             await self._watch()
             if self.dead.done():  # a proc ended while we started watching
                 raise self.dead.exception()  # type: ignore[misc]
@@ -222,7 +224,17 @@ class ProcMeshState:
         if (msg.headers or {}).get(m.KIND) != "ready" or self._said_ready.done():
             return
         self._ready_count += 1
+        self._ready_uids.add((msg.headers or {}).get(m.FROM, ""))
         self._maybe_ready()
+
+    def _not_ready(self, timeout: float, elapsed: float) -> ProcStartError:
+        """Which procs did not report ready in time, and the setting that bounds it."""
+        late = [p.rank for p in self.procs if p.uid not in self._ready_uids]
+        return ProcStartError(
+            f"procs of {self.name!r} ({len(self.procs)}): rank(s) "
+            f"{', '.join(map(str, late)) or '?'} did not report ready within "
+            f"MONARCH_SPAWN_TIMEOUT={timeout:g}s (elapsed {elapsed:.1f} s)"
+        )
 
     def _maybe_ready(self) -> None:
         """Ready once every proc said so, and not before their handles are known:
