@@ -167,3 +167,29 @@ def test_proc_dying_in_init_fails_the_spawn_at_once_with_the_reason(nats_url, ro
         root_faults.wait(1)
     finally:
         procs.stop().get(timeout=60)
+
+
+def test_exit_while_init_still_runs_closes_cleanly(tmp_path, nats_url):
+    """A script that gives up on a mesh whose ``__init__`` runs for minutes exits cleanly:
+    its exit does not wait out MONARCH_SPAWN_TIMEOUT for that spawn (which overran the
+    client's close, MONARCH_STOP_TIMEOUT + 5 s, and printed "did not close cleanly")."""
+    body = """
+        import time
+        from monarch.actor import this_host
+        from tests.supervision.init_actors import SlowInit
+
+        procs = this_host().spawn_procs(per_host={"gpus": 2})
+        mesh = procs.spawn("slow", SlowInit, 300.0)
+        try:
+            mesh.ping.call().get(timeout=2)
+        except TimeoutError:
+            print("GAVE UP", flush=True)
+        print("EXITING", time.time(), flush=True)
+        """
+    rc, out, err, ended = run_client(tmp_path, body)
+    assert rc == 0, f"{out}\n{err}"
+    assert "GAVE UP" in out, f"{out}\n{err}"
+    assert "did not close cleanly" not in err, err
+    exiting = float(next(x for x in out.splitlines() if x.startswith("EXITING")).split()[1])
+    # a guard against a hang, not a performance assertion (the old wait was 60 s)
+    assert ended - exiting < 30, f"exit took {ended - exiting:.1f} s\n{err}"

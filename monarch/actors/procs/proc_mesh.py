@@ -349,17 +349,22 @@ class ProcMeshState:
     def _bind_local(self, mesh_state: MeshState) -> None:
         """Meshes on procs elsewhere are reached through the broker (see LocalProcMeshState)."""
 
-    async def stop(self, procs: list[ProcHandle] | None = None) -> None:
+    async def stop(
+        self, procs: list[ProcHandle] | None = None, spawn_wait: float | None = None
+    ) -> None:
         """Stop gracefully (actors drain and clean up), then kill what is left.
 
         Waits for a start that is still under way, so procs that come up
-        after ``stop()`` was called are stopped too.
+        after ``stop()`` was called are stopped too, and for spawns already
+        asked for, at most ``spawn_wait`` seconds (default MONARCH_SPAWN_TIMEOUT).
         """
         await self.launched.wait()
         # Spawns already asked for complete first, so messages queued behind
         # them are delivered before the procs are told to stop.
         if self.spawning:
-            await asyncio.wait(list(self.spawning), timeout=self.rt.settings.spawn_timeout)
+            if spawn_wait is None:
+                spawn_wait = self.rt.settings.spawn_timeout
+            await asyncio.wait(list(self.spawning), timeout=spawn_wait)
         for wait in list(self.control_waits):  # an __init__ still running is not waited for
             wait.abort(MeshStoppedError(f"`ProcMesh` {self.name!r} was stopped while spawning"))
         self.stopping = True
@@ -386,11 +391,16 @@ class ProcMeshState:
         await self.logs.stop()
 
     async def shutdown(self) -> None:
-        """At client exit: stop whatever is still running, quickly."""
+        """At client exit: stop whatever is still running, quickly.
+
+        An ``__init__`` still running is waited for at most half the stop
+        timeout: the client's exit gives its whole close MONARCH_STOP_TIMEOUT
+        (and a little), and the procs' graceful stop needs the rest.
+        """
         if not self.launched.is_set() or any(
             p.returncode is None and not p.exited.is_set() for p in self.procs
         ):
-            await self.stop()
+            await self.stop(spawn_wait=self.rt.settings.stop_timeout / 2)
 
     async def kill(self) -> None:
         self.stopping = True
@@ -417,7 +427,9 @@ class LocalProcMeshState(ProcMeshState):
     def _bind_local(self, mesh_state: MeshState) -> None:
         mesh_state.local = self.server.actors.get(mesh_state.uid)
 
-    async def stop(self, procs: list[ProcHandle] | None = None) -> None:
+    async def stop(
+        self, procs: list[ProcHandle] | None = None, spawn_wait: float | None = None
+    ) -> None:
         """Stops the actors spawned here; the process itself goes on."""
         for mesh_state, _ in self.actor_meshes:
             await mesh_state.stop_actors()
@@ -478,7 +490,9 @@ class ProcMeshRef(ProcMeshState):
             if ranks:
                 mesh_state.mark_dead(ranks, _while_spawning(mesh_state, ranks, exc))
 
-    async def stop(self, procs: list[ProcHandle] | None = None) -> None:
+    async def stop(
+        self, procs: list[ProcHandle] | None = None, spawn_wait: float | None = None
+    ) -> None:
         raise ValueError(
             f"proc mesh {self.name!r} is not owned here (it was received as a reference); "
             "it must be stopped by its owner"
