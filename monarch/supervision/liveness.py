@@ -758,6 +758,12 @@ class Watcher:
     def is_dead(self, uid: str) -> bool:
         return uid in self._dead
 
+    def unread_since(self, when: float) -> bool:
+        """Whether the thread that hears heartbeats may not have read its socket since
+        ``when`` (monotonic): then a silence since ``when`` may be ours, not the sender's
+        (see :meth:`_unread_since`; asks that thread to read)."""
+        return self._unread_since(when, time.monotonic())
+
     def last_heard(self, uid: str) -> float | None:
         """When a heartbeat of ``uid`` was last heard (``time.monotonic()``); None if
         none has been since watching began, or once it is declared dead.

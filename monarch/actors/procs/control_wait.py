@@ -37,7 +37,9 @@ class ControlWait:
 
     ``what`` names the work in errors ("spawning actor mesh 'trainer'").
     ``last_heard(uid)``: when a heartbeat of ``uid`` was last heard (monotonic),
-    or None. ``fail_fast``: an ``error`` reply ends the wait at once (the other
+    or None; ``unread_since(t)``: whether the thread that hears heartbeats may
+    not have read since ``t`` (a silence is not called while our own hearing
+    lags: a CPU-starved client). ``fail_fast``: an ``error`` reply ends the wait at once (the other
     ranks may run a slow ``__init__`` for minutes); the caller reads it from the
     replies, where ranks not yet answered are None. ``error``: the exception
     type raised for silence or a lost proc.
@@ -50,6 +52,7 @@ class ControlWait:
         uids: Sequence[str],
         last_heard: Callable[[str], float | None],
         *,
+        unread_since: Callable[[float], bool] | None = None,
         fail_fast: bool = False,
         error: type[Exception] = SpawnError,
     ) -> None:
@@ -57,6 +60,7 @@ class ControlWait:
         self.what = what
         self.uids = list(uids)
         self._last_heard = last_heard
+        self._unread_since = unread_since
         self._fail_fast = fail_fast
         self._error = error
         self.replies: list[Msg | None] = [None] * len(self.uids)
@@ -104,11 +108,15 @@ class ControlWait:
             if not targets:
                 return []
             done, _ = await asyncio.wait([self._done], timeout=timeout)
-            if not done:
+            while not done:
                 silent = [r for r in self._pending() if not self._heard_since(r, sent)]
-                if silent:
+                if not silent:
+                    await self._done  # all alive and busy: their heartbeats bound the rest
+                    break
+                if self._unread_since is None or not self._unread_since(sent + timeout):
                     raise self._silence(silent, time.monotonic() - sent, timeout)
-                await self._done  # all alive and busy: their heartbeats bound the rest
+                # our hearing thread has not read since the deadline: look again soon
+                done, _ = await asyncio.wait([self._done], timeout=min(0.2, timeout))
             self._done.result()
             return self.replies
         finally:

@@ -51,6 +51,7 @@ def get_or_spawn_controller(
         wait = ControlWait(
             rt, f"spawning controller {name!r}", [rt.root_uid],
             lambda uid: None if sup is None else sup.watcher.last_heard(uid),
+            unread_since=None if sup is None else sup.watcher.unread_since,
         )  # fmt: skip
         (reply,) = await wait.run([target], body, {m.KIND: "controller"}, rt.settings.spawn_timeout)
         if (reply.headers or {}).get(m.KIND) == "error":

@@ -190,8 +190,10 @@ class ProcMeshState:
         only a proc's silence, and a proc lost meanwhile fails it at once.
         """
         handles = [self.procs[pr] for pr in proc_ranks]
+        sup = supervisor_of(self.rt)
         wait = ControlWait(
             self.rt, what, [h.uid for h in handles], self._last_heard,
+            unread_since=None if sup is None else sup.watcher.unread_since,
             fail_fast=fail_fast, error=error,
         )  # fmt: skip
         ns = self.rt.namespace
