@@ -193,3 +193,32 @@ def test_exit_while_init_still_runs_closes_cleanly(tmp_path, nats_url):
     exiting = float(next(x for x in out.splitlines() if x.startswith("EXITING")).split()[1])
     # a guard against a hang, not a performance assertion (the old wait was 60 s)
     assert ended - exiting < 30, f"exit took {ended - exiting:.1f} s\n{err}"
+
+
+def test_stopping_one_mesh_does_not_wait_for_another_meshs_init(tmp_path, nats_url):
+    """``stop()`` of a ready mesh is answered while another mesh's ``__init__`` runs on the
+    same procs (its stop_mesh used to queue behind that spawn and time out)."""
+    body = """
+        import monarch.actor
+        from monarch.actor import this_host
+        from tests.supervision.init_actors import SlowInit
+
+        monarch.actor.unhandled_fault_hook = lambda failure: None
+        procs = this_host().spawn_procs(per_host={"gpus": 2})
+        ready = procs.spawn("ready", SlowInit, 0.0)
+        print("READY", sorted(ready.ping.call().get(timeout=60).values()), flush=True)
+        slow = procs.spawn("slow", SlowInit, 300.0)
+        try:
+            slow.ping.call().get(timeout=2)  # its __init__ has begun on both procs
+        except TimeoutError:
+            pass
+        try:
+            ready.stop().get(timeout=12)  # less than MONARCH_STOP_TIMEOUT + 5 s
+            print("STOPPED", flush=True)
+        except Exception as e:
+            print("STOP FAILED", type(e).__name__, e, flush=True)
+        """
+    rc, out, err, _ = run_client(tmp_path, body, MONARCH_STOP_TIMEOUT="10")
+    assert rc == 0, f"{out}\n{err}"
+    assert "READY [0, 1]" in out, f"{out}\n{err}"
+    assert "STOPPED" in out, f"{out}\n{err}"
