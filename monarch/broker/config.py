@@ -125,7 +125,13 @@ class Settings(BaseModel):
         30.0, gt=0, description="Seconds without the broker before the job fails."
     )
     stop_timeout: float = Field(10.0, gt=0, description="Seconds a graceful stop may take.")
-    spawn_timeout: float = Field(60.0, gt=0, description="Seconds for procs to come up.")
+    spawn_timeout: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds for procs to report ready, and the longest a proc may show no sign "
+        "of life (no heartbeat, no answer) while actors are spawned on it; a slow __init__ on "
+        "live procs is waited for.",
+    )
     zygote: bool = Field(
         True, description="Fork procs from a pre-imported template process (fast spawns)."
     )

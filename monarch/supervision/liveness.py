@@ -542,6 +542,9 @@ class Watcher:
         self._quiet: dict[str, float] = {}
         self._explained: set[str] = set()  # stalled uids whose heartbeats said why
         self._hearing: Heartbeater | None = None  # whose thread hears the beats (follow())
+        # uid -> when its last heartbeat was heard (monotonic): a sign of life for whoever
+        # waits on it for something slow (a spawn whose __init__ runs, see last_heard)
+        self._heard: dict[str, float] = {}
 
     async def watch(self, uid: str, on_dead: Callable[[str, str], None]) -> None:
         if uid in self._dead:
@@ -598,8 +601,11 @@ class Watcher:
 
     def _on_beat(self, uid: str, msg: Any) -> None:
         heard_at = time.monotonic()
-        if self._announcements is not None and (msg.headers or {}).get(KIND) == "dead":
-            return  # taken from the main connection, in order (_on_announcement)
+        if (msg.headers or {}).get(KIND) == "dead":
+            if self._announcements is not None:
+                return  # taken from the main connection, in order (_on_announcement)
+        elif uid not in self._dead:
+            self._heard[uid] = heard_at
         if self._loop is not None and threading.get_ident() != self._loop_thread:
             # Heard on the heartbeat thread (Heartbeater.listen): note the time at
             # once, so a loop that is busy (a backlog of calls) does not take a late
@@ -716,6 +722,7 @@ class Watcher:
             return
         self._dead.add(uid)
         self._last.pop(uid, None)
+        self._heard.pop(uid, None)
         self.stalls.pop(uid, None)
         self._quiet.pop(uid, None)
         self._explained.discard(uid)
@@ -763,6 +770,22 @@ class Watcher:
 
     def is_dead(self, uid: str) -> bool:
         return uid in self._dead
+
+    def unread_since(self, when: float) -> bool:
+        """Whether the thread that hears heartbeats may not have read its socket since
+        ``when`` (monotonic): then a silence since ``when`` may be ours, not the sender's
+        (see :meth:`_unread_since`; asks that thread to read)."""
+        return self._unread_since(when, time.monotonic())
+
+    def last_heard(self, uid: str) -> float | None:
+        """When a heartbeat of ``uid`` was last heard (``time.monotonic()``); None if
+        none has been since watching began, or once it is declared dead.
+
+        A sign of life, not a verdict: a proc heard from while its actors'
+        ``__init__`` runs is busy, not gone (the wait for a spawn reads this;
+        silence later is still this watcher's to call).
+        """
+        return self._heard.get(uid)
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -3,7 +3,7 @@
 Every proc runs one (and the client, once it hosts ``this_proc()`` actors or
 controllers). Control messages (``bootstrap``, ``spawn``, ``stop_mesh``, ``stop``,
 ``ping``, ``log_mode``; at the root also ``controller``, handed in by the client) are
-served one at a time, in order.
+served one at a time, in order; ``stop`` and ``stop_mesh`` at once (see ``_take``).
 """
 
 from __future__ import annotations
@@ -48,25 +48,40 @@ class ProcServer:
         self._task = rt.loop.create_task(self._serve())
         self.controllers: dict[str, Any] = {}
         self._handlers: dict[str, Callable[[Msg], Awaitable[Any]]] = {}  # kinds handed in
-        self._nested: set[asyncio.Task] = set()  # stop / stop_mesh handlers running (see _serve)
-        rt.set_ctl_handler(self._ctl.put_nowait)
+        self._nested: set[asyncio.Task] = set()  # stop / stop_mesh handlers running (see _take)
+        rt.set_ctl_handler(self._take)
+
+    def _take(self, msg: Msg) -> None:
+        """On the loop: queue a control message, or serve a ``stop`` / ``stop_mesh`` at once.
+
+        Those are not queued behind a spawn whose ``__init__`` may run for
+        minutes: the owner asks a stop when giving up on this proc (a caught
+        SpawnError, the client's exit) and a stop_mesh for another mesh, and
+        would wait its stop timeout for an answer. What a stop does not reach
+        (an actor still in ``__init__``) ends with the process. Nor may they
+        wait in line for each other: stopping an actor stops the meshes it
+        owns first, and one of those may live in this very process (its
+        stop_mesh would wait behind the stop that waits for it). A stop_mesh
+        never overtakes its own mesh's spawn: the owner sends it only once
+        that spawn has answered.
+        """
+        kind = (msg.headers or {}).get(m.KIND, "")
+        if kind in _NESTING_KINDS:
+            self._nest(msg, kind)
+        else:
+            self._ctl.put_nowait(msg)
+
+    def _nest(self, msg: Msg, kind: str) -> None:
+        task = self.rt.loop.create_task(self._handle(msg, kind))
+        self._nested.add(task)
+        task.add_done_callback(self._nested.discard)
 
     async def _serve(self) -> None:
         # Served until the process exits (or close()): after a stop, a late stop or
         # stop_mesh is answered at once (nothing is left to stop) and a spawn refused.
         while True:
             msg: Msg = await self._ctl.get()
-            kind = (msg.headers or {}).get(m.KIND, "")
-            if kind in _NESTING_KINDS:
-                # Stopping an actor stops the meshes it owns first, and one of those may
-                # live in this very process: its stop_mesh comes back to this queue. Served
-                # in line, it would wait behind the stop that waits for it (until the stop
-                # timeout). Earlier control messages (a spawn) are already done here.
-                task = self.rt.loop.create_task(self._handle(msg, kind))
-                self._nested.add(task)
-                task.add_done_callback(self._nested.discard)
-                continue
-            await self._handle(msg, kind)
+            await self._handle(msg, (msg.headers or {}).get(m.KIND, ""))
 
     async def _handle(self, msg: Msg, kind: str) -> None:
         try:
@@ -216,7 +231,7 @@ class ProcServer:
         self._handlers[kind] = handler
 
 
-# Control kinds served beside the queue, not in its order (see ProcServer._serve).
+# Control kinds served beside the queue, not in its order (see ProcServer._take).
 _NESTING_KINDS = frozenset({"stop", "stop_mesh"})
 
 _local_server: ProcServer | None = None

@@ -17,9 +17,10 @@ from nats.js.errors import KeyWrongLastSequenceError
 
 from monarch.actors.calls.actor import check_actor_class, class_ref, resolve_class
 from monarch.actors.calls.actor_mesh import ActorMesh, MeshState
+from monarch.actors.hosting.supervisor import supervisor_of
 from monarch.actors.meshes.shape import Extent, View
 from monarch.actors.messaging import messages as m
-from monarch.actors.messaging.rpc import request_all
+from monarch.actors.procs.control_wait import ControlWait
 from monarch.actors.procs.proc_mesh import this_proc
 from monarch.broker import subjects
 from monarch.broker.codec import dumps, loads
@@ -45,9 +46,14 @@ def get_or_spawn_controller(
 
     async def run() -> ActorMesh[A]:
         target = subjects.ctl_proc(rt.namespace, rt.root_uid)
-        (reply,) = await request_all(
-            rt, [(target, body, {m.KIND: "controller"})], rt.settings.spawn_timeout
-        )
+        # A slow __init__ is waited for while the root is alive (control_wait).
+        sup = supervisor_of(rt)
+        wait = ControlWait(
+            rt, f"spawning controller {name!r}", [rt.root_uid],
+            lambda uid: None if sup is None else sup.watcher.last_heard(uid),
+            unread_since=None if sup is None else sup.watcher.unread_since,
+        )  # fmt: skip
+        (reply,) = await wait.run([target], body, {m.KIND: "controller"}, rt.settings.spawn_timeout)
         if (reply.headers or {}).get(m.KIND) == "error":
             raise m.decode_error(reply.data, actor_id=name, rank=0, endpoint="__init__")
         return loads(reply.data)

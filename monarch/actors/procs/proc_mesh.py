@@ -33,6 +33,7 @@ from monarch.actors.calls.endpoint import endpoints_of
 from monarch.actors.errors import (
     MeshStoppedError,
     ProcStartError,
+    SpawnError,
     SupervisionError,
     process_exit_reason,
 )
@@ -43,6 +44,7 @@ from monarch.actors.meshes.shape import Extent, View
 from monarch.actors.messaging import messages as m
 from monarch.actors.messaging.rpc import request_all
 from monarch.actors.process_state import actor_process
+from monarch.actors.procs.control_wait import ControlWait
 from monarch.actors.procs.launcher import Launcher, ProcHandle
 from monarch.actors.procs.log_collection import LogCollector, LogMode
 from monarch.broker import subjects
@@ -106,11 +108,15 @@ class ProcMeshState:
         self.stopping = False
         self.stopped: Future[None] | None = None
         self.spawning: set[asyncio.Task] = set()
+        # Control requests running user code (spawns, the bootstrap) still waited on:
+        # a proc lost meanwhile fails them at once (_proc_lost), a stop ends them.
+        self.control_waits: set[ControlWait] = set()
         self.logs = LogCollector(rt, name)  # prints the procs' output here
 
     async def start(self) -> None:
         port_id, subject = self.rt.open_port(self._on_ready)
         self._ready_count = 0
+        self._ready_uids: set[str] = set()
         try:
             uids = self.proc_uids()
             await self.logs.start(uids)  # before launch, so no early line is lost
@@ -119,13 +125,14 @@ class ProcMeshState:
             )
             self._maybe_ready()  # forked procs may all have said "ready" before launch returned
             timeout = self.rt.settings.spawn_timeout
+            launched = self.rt.loop.time()
             done, _ = await asyncio.wait(
                 [self._said_ready, self.dead], timeout=timeout, return_when=asyncio.FIRST_COMPLETED
             )
             if self._said_ready not in done:
                 if self.dead.done():
                     raise self.dead.exception()  # type: ignore[misc]
-                raise ProcStartError(f"procs of {self.name!r} not ready after {timeout} s")
+                raise self._not_ready(timeout, self.rt.loop.time() - launched)
             await self._watch()
             if self.dead.done():  # a proc ended while we started watching
                 raise self.dead.exception()  # type: ignore[misc]
@@ -153,14 +160,61 @@ class ProcMeshState:
         failure is an :class:`~monarch.actors.errors.ActorError` carrying the
         function's exception (``initialized`` and every spawn raise it).
         """
-        ns = self.rt.namespace
-        requests = [(subjects.ctl_proc(ns, p.uid), body, {m.KIND: "bootstrap"}) for p in self.procs]
-        replies = await request_all(self.rt, requests, self.rt.settings.spawn_timeout, self.dead)
+        replies = await self.ask_procs(
+            f"bootstrapping proc mesh {self.name!r}",
+            list(range(len(self.procs))),
+            "bootstrap",
+            body,
+            error=ProcStartError,
+        )
         for rank, reply in enumerate(replies):
-            if (reply.headers or {}).get(m.KIND) == "error":
+            if reply is not None and (reply.headers or {}).get(m.KIND) == "error":
                 raise m.decode_error(
                     reply.data, actor_id=self.procs[rank].uid, rank=rank, endpoint="bootstrap"
                 )
+
+    async def ask_procs(
+        self,
+        what: str,
+        proc_ranks: list[int],
+        kind: str,
+        body: bytes,
+        *,
+        fail_fast: bool = False,
+        error: type[Exception] = SpawnError,
+    ) -> list[Any]:
+        """A control request that runs user code on each of ``proc_ranks``; the replies.
+
+        Waited for as long as the procs are alive and busy (see
+        :mod:`monarch.actors.procs.control_wait`): MONARCH_SPAWN_TIMEOUT bounds
+        only a proc's silence, and a proc lost meanwhile fails it at once.
+        """
+        handles = [self.procs[pr] for pr in proc_ranks]
+        sup = supervisor_of(self.rt)
+        wait = ControlWait(
+            self.rt, what, [h.uid for h in handles], self._last_heard,
+            unread_since=None if sup is None else sup.watcher.unread_since,
+            fail_fast=fail_fast, error=error,
+        )  # fmt: skip
+        ns = self.rt.namespace
+        self.control_waits.add(wait)
+        try:
+            for h in handles:
+                if h.lost:
+                    wait.proc_lost(h.uid, f"proc {h.uid} (rank {h.rank}) is already gone")
+            return await wait.run(
+                [subjects.ctl_proc(ns, h.uid) for h in handles],
+                body,
+                {m.KIND: kind},
+                self.rt.settings.spawn_timeout,
+            )
+        finally:
+            self.control_waits.discard(wait)
+
+    def _last_heard(self, uid: str) -> float | None:
+        """When ``uid``'s heartbeat was last heard here (a sign of life), if ever."""
+        sup = supervisor_of(self.rt)
+        return None if sup is None else sup.watcher.last_heard(uid)
 
     def proc_uids(self) -> list[str]:
         """The uids of this mesh's procs, known before they start (they are chosen here)."""
@@ -172,7 +226,17 @@ class ProcMeshState:
         if (msg.headers or {}).get(m.KIND) != "ready" or self._said_ready.done():
             return
         self._ready_count += 1
+        self._ready_uids.add((msg.headers or {}).get(m.FROM, ""))
         self._maybe_ready()
+
+    def _not_ready(self, timeout: float, elapsed: float) -> ProcStartError:
+        """Which procs did not report ready in time, and the setting that bounds it."""
+        late = [p.rank for p in self.procs if p.uid not in self._ready_uids]
+        return ProcStartError(
+            f"procs of {self.name!r} ({len(self.procs)}): rank(s) "
+            f"{', '.join(map(str, late)) or '?'} did not report ready within "
+            f"MONARCH_SPAWN_TIMEOUT={timeout:g}s (elapsed {elapsed:.1f} s)"
+        )
 
     def _maybe_ready(self) -> None:
         """Ready once every proc said so, and not before their handles are known:
@@ -195,21 +259,23 @@ class ProcMeshState:
         if handle.lost or self.stopping:
             return
         handle.lost = True
-        if not self.ready.done() and not self.dead.done():
-            err = ProcStartError(f"proc {handle.uid} ended before it was ready: {why}")
-            self.dead.set_exception(err)
-            self.dead.exception()
-        exc = SupervisionError(
+        lost = SupervisionError(
             f"proc {handle.uid} (rank {handle.rank} of proc mesh {self.name!r}) is gone: {why}",
             actor_id=handle.uid,
             rank=handle.rank,
         )
+        for wait in list(self.control_waits):  # a spawn waiting on it fails now, saying why
+            wait.proc_lost(handle.uid, lost)
+        if not self.ready.done() and not self.dead.done():
+            err = ProcStartError(f"proc {handle.uid} ended before it was ready: {why}")
+            self.dead.set_exception(err)
+            self.dead.exception()
         sup = supervisor_of(self.rt)
         for mesh_state, proc_ranks in self.actor_meshes:
             ranks = [i for i, pr in enumerate(proc_ranks) if pr == handle.rank]
             if not ranks:
                 continue
-            mesh_state.mark_dead(ranks, exc)
+            mesh_state.mark_dead(ranks, _while_spawning(mesh_state, ranks, lost))
             if sup is not None:
                 # Monarch's words first ("the process this actor was running on
                 # failed: Killed(sig=9)"), then which proc it was.
@@ -253,16 +319,13 @@ class ProcMeshState:
             await asyncio.shield(self.ready)
             if self.stopping:
                 raise MeshStoppedError(f"`ProcMesh` has already been stopped ({self.name!r})")
-            ns = self.rt.namespace
-            requests = [
-                (subjects.ctl_proc(ns, self.procs[pr].uid), body, {m.KIND: "spawn"})
-                for pr in proc_ranks
-            ]
-            replies = await request_all(
-                self.rt, requests, self.rt.settings.spawn_timeout, self.dead
-            )
+            # A slow __init__ on live procs is waited for; the first to fail fails it all.
+            replies = await self.ask_procs(
+                f"spawning actor mesh {mesh_state.name!r}", proc_ranks, "spawn", body,
+                fail_fast=True,
+            )  # fmt: skip
             for rank, reply in enumerate(replies):
-                if (reply.headers or {}).get(m.KIND) == "error":
+                if reply is not None and (reply.headers or {}).get(m.KIND) == "error":
                     err = m.decode_error(
                         reply.data,
                         actor_id=mesh_state.actor_id(rank),
@@ -288,17 +351,24 @@ class ProcMeshState:
     def _bind_local(self, mesh_state: MeshState) -> None:
         """Meshes on procs elsewhere are reached through the broker (see LocalProcMeshState)."""
 
-    async def stop(self, procs: list[ProcHandle] | None = None) -> None:
+    async def stop(
+        self, procs: list[ProcHandle] | None = None, spawn_wait: float | None = None
+    ) -> None:
         """Stop gracefully (actors drain and clean up), then kill what is left.
 
         Waits for a start that is still under way, so procs that come up
-        after ``stop()`` was called are stopped too.
+        after ``stop()`` was called are stopped too, and for spawns already
+        asked for, at most ``spawn_wait`` seconds (default MONARCH_SPAWN_TIMEOUT).
         """
         await self.launched.wait()
         # Spawns already asked for complete first, so messages queued behind
         # them are delivered before the procs are told to stop.
         if self.spawning:
-            await asyncio.wait(list(self.spawning), timeout=self.rt.settings.spawn_timeout)
+            if spawn_wait is None:
+                spawn_wait = self.rt.settings.spawn_timeout
+            await asyncio.wait(list(self.spawning), timeout=spawn_wait)
+        for wait in list(self.control_waits):  # an __init__ still running is not waited for
+            wait.abort(MeshStoppedError(f"`ProcMesh` {self.name!r} was stopped while spawning"))
         self.stopping = True
         procs = self.procs if procs is None else procs
         for mesh_state, _ in self.actor_meshes:
@@ -323,11 +393,16 @@ class ProcMeshState:
         await self.logs.stop()
 
     async def shutdown(self) -> None:
-        """At client exit: stop whatever is still running, quickly."""
+        """At client exit: stop whatever is still running, quickly.
+
+        An ``__init__`` still running is waited for at most half the stop
+        timeout: the client's exit gives its whole close MONARCH_STOP_TIMEOUT
+        (and a little), and the procs' graceful stop needs the rest.
+        """
         if not self.launched.is_set() or any(
             p.returncode is None and not p.exited.is_set() for p in self.procs
         ):
-            await self.stop()
+            await self.stop(spawn_wait=self.rt.settings.stop_timeout / 2)
 
     async def kill(self) -> None:
         self.stopping = True
@@ -354,7 +429,9 @@ class LocalProcMeshState(ProcMeshState):
     def _bind_local(self, mesh_state: MeshState) -> None:
         mesh_state.local = self.server.actors.get(mesh_state.uid)
 
-    async def stop(self, procs: list[ProcHandle] | None = None) -> None:
+    async def stop(
+        self, procs: list[ProcHandle] | None = None, spawn_wait: float | None = None
+    ) -> None:
         """Stops the actors spawned here; the process itself goes on."""
         for mesh_state, _ in self.actor_meshes:
             await mesh_state.stop_actors()
@@ -408,12 +485,16 @@ class ProcMeshRef(ProcMeshState):
             actor_id=handle.uid,
             rank=handle.rank,
         )
+        for wait in list(self.control_waits):
+            wait.proc_lost(handle.uid, exc)
         for mesh_state, proc_ranks in self.actor_meshes:
             ranks = [i for i, pr in enumerate(proc_ranks) if pr == handle.rank]
             if ranks:
-                mesh_state.mark_dead(ranks, exc)
+                mesh_state.mark_dead(ranks, _while_spawning(mesh_state, ranks, exc))
 
-    async def stop(self, procs: list[ProcHandle] | None = None) -> None:
+    async def stop(
+        self, procs: list[ProcHandle] | None = None, spawn_wait: float | None = None
+    ) -> None:
         raise ValueError(
             f"proc mesh {self.name!r} is not owned here (it was received as a reference); "
             "it must be stopped by its owner"
@@ -424,6 +505,14 @@ class ProcMeshRef(ProcMeshState):
 
     async def kill(self) -> None:
         return None
+
+
+def _while_spawning(mesh_state: MeshState, ranks: list[int], exc: BaseException) -> BaseException:
+    """What calls to ``ranks`` raise once their proc is gone: a :class:`SpawnError` while
+    the mesh is still being spawned (its proc died in ``__init__``), else ``exc``."""
+    if mesh_state.ready or mesh_state.error is not None:
+        return exc
+    return spawn_error(mesh_state.name, ranks[0], exc)
 
 
 def owned_by_caller(mesh: Any) -> None:
