@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import time
 
 from monarch.actor import Actor, context, endpoint
@@ -25,8 +26,13 @@ class Busy(Actor):
         return "rested"
 
     @endpoint
-    def hold_gil(self, seconds: int) -> str:
-        time.sleep(0.5)  # still answering: whoever waits for the call to start sees it
+    def hold_gil(self, seconds: int, flag: str) -> str:
+        # Still answering until ``flag`` exists (whoever waits for the call to start
+        # sees it in flight, however slow the machine); its removal says "holding now".
+        deadline = time.monotonic() + 120
+        while not os.path.exists(flag) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.remove(flag)
         ctypes.PyDLL(None).sleep(seconds)  # libc sleep with the GIL held: no Python runs
         return "released"
 

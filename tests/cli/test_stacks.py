@@ -113,7 +113,7 @@ def test_py_spy_reads_a_local_proc(procs, nats_url):
 
 
 HOLDER = textwrap.dedent("""
-    import json, os
+    import json, os, sys, time
     from monarch.actor import this_host
     from tests.actors.activity_actors import Busy
     from tests.actors.stats_requests import wait_for_actor
@@ -121,9 +121,15 @@ HOLDER = textwrap.dedent("""
     pm = this_host().spawn_procs(per_host={"gpus": 1})
     one = pm.spawn("stk_gil", Busy).slice(gpus=0)
     one.work.call_one(0).get(timeout=60)
-    holding = one.hold_gil.call_one(15)
+    flag = sys.argv[1]
+    holding = one.hold_gil.call_one(15, flag)
     proc, _ = wait_for_actor(os.environ["MONARCH_NATS_URL"], "stk_gil",
                              until=lambda p, a: bool(a["in_flight"]))
+    open(flag, "w").close()  # now hold the GIL
+    deadline = time.monotonic() + 60
+    while os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # the removal is the actor's last Python before the hold
     print(json.dumps({"uid": proc["uid"]}), flush=True)
     assert holding.get(timeout=120) == "released"
     pm.stop().get(timeout=60)
@@ -138,7 +144,7 @@ def test_a_proc_whose_gil_is_held_is_read_by_py_spy(nats_url, tmp_path):
     env = {**os.environ, "MONARCH_NATS_URL": nats_url, "PYTHONPATH": str(ROOT),
            "MONARCH_HEARTBEAT_TIMEOUT": "60"}  # fmt: skip
     holder = subprocess.Popen(
-        [sys.executable, str(script)], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
+        [sys.executable, str(script), str(tmp_path / "hold-now")], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
     )
     try:
         line = holder.stdout.readline()
