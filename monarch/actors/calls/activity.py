@@ -79,6 +79,12 @@ call_listeners: list[Callable[[CallRecord], None]] = []
 """Called with each finished call's :class:`CallRecord` (the telemetry's spans hang here)."""
 
 
+def wall_now() -> float:
+    """Now, as :func:`wall` gives it: comparable with the book's other times (time.time()
+    itself may step, or round differently, between two readings)."""
+    return _monotonic() + _WALL_OFFSET
+
+
 def wall(monotonic: float) -> float:
     """The ``time.time()`` of a ``time.monotonic()`` reading of this process."""
     return monotonic + _WALL_OFFSET

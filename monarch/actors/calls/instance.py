@@ -22,7 +22,6 @@ import asyncio
 import contextvars
 import gc
 import logging
-import time
 import traceback as tb
 import weakref
 from collections.abc import Callable
@@ -192,7 +191,7 @@ class ActorInstance:
             return  # a sender's count so far: checked, nothing to run
         if call_listeners:  # someone records calls: when this one arrived
             try:
-                msg._mon_delivered = time.time()  # type: ignore[attr-defined]
+                msg._mon_delivered = activity.wall_now()  # type: ignore[attr-defined]
             except AttributeError:  # a message type with no room for it: time unknown
                 pass
         replies = actor_process(self.rt).replies
