@@ -132,10 +132,45 @@ def test_a_call_that_never_reaches_one_rank_fails_instead_of_waiting(nats_url, c
     exactly as if its copy for rank 1 had died with a broker node. The caller's probe
     finds out and the call raises, well before its own timeout."""
     counters.slice(gpus=1).deafen.call_one().get(timeout=30)
-    with pytest.raises(MessageLostError, match="rank 1 .* never received it") as caught:
+    with pytest.raises(MessageLostError, match="rank\\(s\\) 1: their procs never received it") as caught:
         counters.ping.call(5).get(timeout=60)
     assert caught.value.counts == {1: 1}
+    assert (caught.value.ran, caught.value.not_run) == ([0], [1])
     assert actor_process(runtime()).prober.lost >= 1
+
+
+def test_a_call_lost_on_some_ranks_says_where_it_ran_and_where_not(nats_url):
+    """Ranks 1 and 2 of three stop hearing whole-mesh messages: a whole-mesh call runs
+    on rank 0 only. Its error must name both lost ranks, and say that rank 0 ran it (a
+    repeat runs twice there), not "safe to call again"."""
+    procs = this_host().spawn_procs(per_host={"gpus": 3})
+    try:
+        mesh = procs.spawn("counter", Counter)
+        for rank in (1, 2):
+            mesh.slice(gpus=rank).deafen.call_one().get(timeout=60)
+        with pytest.raises(MessageLostError) as caught:
+            mesh.ping.call(5).get(timeout=60)
+        e = caught.value
+        assert (e.ran, e.not_run, e.unknown) == ([0], [1, 2], []), str(e)
+        assert e.counts == {1: 1, 2: 1}
+        assert "rank(s) 1, 2" in str(e) and "ran (or is running) on rank(s) 0" in str(e)
+        assert "safe to call again" not in str(e)
+        handled = [mesh.slice(gpus=r).count.call_one().get(timeout=60) for r in range(3)]
+        assert handled == [1, 0, 0]
+    finally:
+        procs.stop().get(timeout=60)
+
+
+def test_a_lost_call_is_called_safe_to_repeat_only_when_it_ran_nowhere():
+    class State:  # what the error names: the mesh and its actor class
+        name, class_name = "trainer", "Trainer"
+
+    nowhere = lost_replies.lost_call_error(State, "step", [], [0, 1], [])
+    assert "safe to call again" in str(nowhere) and nowhere.counts == {0: 1, 1: 1}
+    partly = lost_replies.lost_call_error(State, "step", [0], [1], [2])
+    assert "safe to call again" not in str(partly)
+    assert (partly.ran, partly.not_run, partly.unknown) == ([0], [1], [2])
+    assert "Whether it ran on rank(s) 2 is unknown" in str(partly)
 
 
 def test_many_small_replies_are_bounded_by_the_ledgers_byte_cap(monkeypatch):
