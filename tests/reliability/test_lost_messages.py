@@ -132,7 +132,9 @@ def test_a_call_that_never_reaches_one_rank_fails_instead_of_waiting(nats_url, c
     exactly as if its copy for rank 1 had died with a broker node. The caller's probe
     finds out and the call raises, well before its own timeout."""
     counters.slice(gpus=1).deafen.call_one().get(timeout=30)
-    with pytest.raises(MessageLostError, match="rank\\(s\\) 1: their procs never received it") as caught:
+    with pytest.raises(
+        MessageLostError, match="rank\\(s\\) 1: their procs never received it"
+    ) as caught:
         counters.ping.call(5).get(timeout=60)
     assert caught.value.counts == {1: 1}
     assert (caught.value.ran, caught.value.not_run) == ([0], [1])
