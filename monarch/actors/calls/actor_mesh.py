@@ -193,6 +193,7 @@ class MeshState:
         gather.open()  # before the write: the reply may come back at once
         subject = subjects.actor(rt.namespace, self.name, self.uid, tokens[0])
         actor_process(rt).sends.stamp_count(subject, headers)
+        gather.resend = (subject, body, headers)
         return rt.publish_from_thread(subject, body, headers, gather.subject)
 
     # -- sending (loop) -------------------------------------------------------
@@ -251,6 +252,8 @@ class MeshState:
             subject = subjects.actor(ns, self.name, self.uid, toks)
             numbered = headers if len(tokens) == 1 else dict(headers)
             stamp(subject, numbered)
+            if gather is not None and len(tokens) == 1:
+                gather.resend = (subject, body, numbered)
             rt.publish(subject, body, numbered, reply, on_error, batchable)
 
     async def stop(self) -> None:
