@@ -163,6 +163,20 @@ def test_a_call_lost_on_some_ranks_says_where_it_ran_and_where_not(nats_url):
         procs.stop().get(timeout=60)
 
 
+def test_a_call_refused_by_one_rank_says_the_others_may_have_run_it(nats_url, counters):
+    """Rank 1 misses one broadcast (it vanishes before the actor sees it): it refuses the
+    next whole-mesh call, which rank 0 runs. The error must not read as "nothing ran"."""
+    counters.slice(gpus=1).drop_whole_mesh_messages.call_one(1).get(timeout=30)
+    counters.incr.broadcast()
+    with pytest.raises(MessageLostError, match="this call was not run there") as caught:
+        counters.ping.call(3).get(timeout=60)
+    e = caught.value
+    assert e.not_run == [1] and e.ran + e.unknown == [0], str(e)
+    assert "calling the whole mesh again may run it twice" in str(e)
+    handled = [counters.slice(gpus=r).count.call_one().get(timeout=30) for r in range(2)]
+    assert handled == [2, 0]  # rank 0 ran the broadcast and the call; rank 1 neither
+
+
 def test_a_lost_call_is_called_safe_to_repeat_only_when_it_ran_nowhere():
     class State:  # what the error names: the mesh and its actor class
         name, class_name = "trainer", "Trainer"

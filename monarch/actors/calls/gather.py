@@ -179,6 +179,22 @@ class Gather:
             Gather.dropped[reason],
         )
 
+    def _refused_here(self, exc: MessageLostError, rank: int) -> MessageLostError:
+        """Rank ``rank`` refused a call to several ranks (messages before it were lost):
+        say where else it ran, so that nobody repeats the whole call blindly."""
+        ran = sorted(r for r, v in self.values.items() if not isinstance(v, BaseException))
+        unknown = sorted(r for r in self.expected if r != rank and r not in self.values)
+        text = str(exc)
+        if ran:
+            text += f". It ran on rank(s) {', '.join(map(str, ran))}"
+        if unknown:
+            text += f". Whether it ran on rank(s) {', '.join(map(str, unknown))} is not known yet"
+        if ran or unknown:
+            text += ": calling the whole mesh again may run it twice there"
+        return MessageLostError(
+            text, mesh=exc.mesh, counts=exc.counts, ran=ran, not_run=[rank], unknown=unknown
+        )
+
     def _take(self, rank: int, msg: Msg) -> None:
         if rank in self.values:  # two big replies for one rank, both fetched
             self._drop("duplicate", msg)
@@ -191,6 +207,8 @@ class Gather:
                 )
                 if isinstance(value.exception, (SupervisionError, MessageLostError)):
                     value = value.exception  # not an endpoint error: a failed actor, a lost message
+                if isinstance(value, MessageLostError) and len(self.expected) > 1:
+                    value = self._refused_here(value, rank)
         except Exception as e:  # an undecodable reply fails the call, not the loop
             ok, value = False, e
         self.values[rank] = value
