@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 from monarch.actor import Actor, context, endpoint
@@ -30,6 +31,10 @@ class Counter(Actor):
     @endpoint
     def count(self) -> int:
         return self.handled
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
 
     @endpoint
     def node_port(self) -> int:

@@ -8,7 +8,13 @@ a sender whose broker node died would have.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
 
 import nats
 import pytest
@@ -22,6 +28,8 @@ from monarch.broker import subjects
 from monarch.broker.codec import dumps, loads
 from monarch.core.runtime import runtime
 from tests.reliability.node_actors import Counter
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -175,6 +183,44 @@ def test_a_call_refused_by_one_rank_says_the_others_may_have_run_it(nats_url, co
     assert "calling the whole mesh again may run it twice" in str(e)
     handled = [counters.slice(gpus=r).count.call_one().get(timeout=30) for r in range(2)]
     assert handled == [2, 0]  # rank 0 ran the broadcast and the call; rank 1 neither
+
+
+SILENT_RANK = """
+    import json, os, signal
+    from monarch.actor import MessageLostError, this_host
+    from tests.reliability.node_actors import Counter
+    procs = this_host().spawn_procs(per_host={"gpus": 3})
+    mesh = procs.spawn("counter", Counter)
+    mesh.slice(gpus=1).deafen.call_one().get(timeout=60)
+    pid = mesh.slice(gpus=2).pid.call_one().get(timeout=60)
+    os.kill(pid, signal.SIGSTOP)  # its proc answers no probe (nor the call)
+    try:
+        mesh.ping.call(4).get(timeout=60)
+        outcome = "no error"
+    except MessageLostError as e:
+        outcome = {"ran": e.ran, "not_run": e.not_run, "unknown": e.unknown, "text": str(e)}
+    os.kill(pid, signal.SIGCONT)
+    procs.stop().get(timeout=60)
+    print(json.dumps(outcome))
+"""
+
+
+def test_a_rank_whose_proc_does_not_answer_is_reported_unknown(tmp_path):
+    """Rank 1 never receives the call, rank 2's proc is frozen (SIGSTOP; heartbeats
+    allowed a long silence, so it is not declared dead): the call still ends, within
+    the probe's answer timeout, saying rank 0 ran it, rank 1 did not, rank 2 unknown."""
+    script = tmp_path / "client.py"
+    script.write_text(textwrap.dedent(SILENT_RANK))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MONARCH_")}
+    env.update(PYTHONPATH=str(ROOT), MONARCH_HEARTBEAT_TIMEOUT="60")
+    result = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome != "no error"
+    assert (outcome["ran"], outcome["not_run"], outcome["unknown"]) == ([0], [1], [2]), outcome
+    assert "Whether it ran on rank(s) 2 is unknown" in outcome["text"]
 
 
 def test_a_lost_call_is_called_safe_to_repeat_only_when_it_ran_nowhere():

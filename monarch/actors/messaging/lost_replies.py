@@ -30,12 +30,14 @@ Two halves close that gap:
   answer: asked again later.
 
 A call therefore completes or raises within ``PROBE_EVERY`` seconds (plus a
-round trip) of the loss, whichever node died; a reply that arrives twice is
+round trip) of the loss, whichever node died, while the procs asked answer
+(``PROBE_REPLY_TIMEOUT`` more when one is silent; a new round waits for the
+last one to end); a reply that arrives twice is
 taken once (a gather takes one reply per rank). Calls that fail when the
 caller's *own* connection drops are handled by supervision
 (:class:`~monarch.actors.errors.BrokerLostError`), not here. A proc that dies
 is the heartbeat watcher's business: a probe nobody answers is simply asked
-again.
+again in the next round.
 """
 
 from __future__ import annotations
@@ -204,6 +206,9 @@ class CallProber:
                     continue
                 if now < due[0]:
                     continue
+                current = self._rounds.get(gather)
+                if current is not None and None in current.values():
+                    continue  # its last round still waits on a proc (at most PROBE_REPLY_TIMEOUT)
                 due[1] = min(due[1] * 2, PROBE_EVERY)
                 due[0] = now + due[1]
                 asked: dict[int, str | None] = {}
