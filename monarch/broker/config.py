@@ -117,7 +117,10 @@ class Settings(BaseModel):
         15.0, gt=0, description="Seconds the first connection to the broker may take."
     )
     broker_lost_timeout: float = Field(
-        30.0, gt=0, description="Seconds without the broker before the job fails."
+        30.0,
+        gt=0,
+        description="Seconds without the broker before the job fails; also how long a call "
+        "that reached no actor (its proc reconnecting) is sent again before NoActorError.",
     )
     stop_timeout: float = Field(10.0, gt=0, description="Seconds a graceful stop may take.")
     spawn_timeout: float = Field(60.0, gt=0, description="Seconds for procs to come up.")
