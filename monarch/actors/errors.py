@@ -127,9 +127,28 @@ class MessageLostError(ConnectionError):
     ``counts`` maps each rank to how many of this process's messages to it were
     lost. Raised by the lost call itself, or by the next call or send on a mesh
     that lost broadcasts (see :mod:`monarch.actors.messaging.lost_sends`).
+
+    For a call to several ranks, only some of which it reached, what is known
+    per rank (sorted rank lists): ``ran`` (it replied, or its proc says it ran
+    or is running the call), ``not_run`` (its proc never received the call) and
+    ``unknown`` (its proc did not answer). Repeating the call on the whole mesh
+    runs it twice on ``ran``; it is safe only when ``ran`` and ``unknown`` are
+    empty.
     """
 
-    def __init__(self, message: str, *, mesh: str = "", counts: dict[int, int] | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        mesh: str = "",
+        counts: dict[int, int] | None = None,
+        ran: list[int] | None = None,
+        not_run: list[int] | None = None,
+        unknown: list[int] | None = None,
+    ):
         self.mesh = mesh
         self.counts = dict(counts or {})
+        self.ran = sorted(ran or [])
+        self.not_run = sorted(not_run or [])
+        self.unknown = sorted(unknown or [])
         super().__init__(message)

@@ -118,11 +118,21 @@ class Settings(BaseModel):
     )
     flow_batch: int = Field(1000, ge=1, description="Messages between two flow markers.")
     flow_window: int = Field(16, ge=1, description="Unanswered flow markers before a sender waits.")
+    flow_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1,
+        description="Bytes of message bodies a sender may have unhandled by an actor mesh "
+        "(a flow marker every MONARCH_FLOW_BYTES / MONARCH_FLOW_WINDOW bytes): keeps a stalled "
+        "receiver's backlog well under nats-server's 64 MiB, past which it is cut off.",
+    )
     connect_timeout: float = Field(
         15.0, gt=0, description="Seconds the first connection to the broker may take."
     )
     broker_lost_timeout: float = Field(
-        30.0, gt=0, description="Seconds without the broker before the job fails."
+        30.0,
+        gt=0,
+        description="Seconds without the broker before the job fails; also how long a call "
+        "that reached no actor (its proc reconnecting) is sent again before NoActorError.",
     )
     stop_timeout: float = Field(10.0, gt=0, description="Seconds a graceful stop may take.")
     spawn_timeout: float = Field(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 from monarch.actor import Actor, context, endpoint
@@ -32,6 +33,10 @@ class Counter(Actor):
         return self.handled
 
     @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
     def node_port(self) -> int:
         return runtime().nc.connected_url.port
 
@@ -58,3 +63,28 @@ class Counter(Actor):
             # on the proc's loop (nats-py is not thread-safe); this sync endpoint waits for it
             asyncio.run_coroutine_threadsafe(sub.unsubscribe(), runtime().loop).result(30)
         return whole
+
+    @endpoint
+    def drop_whole_mesh_messages(self, n: int) -> None:
+        """Let the next ``n`` messages sent to the whole mesh vanish before this actor
+        sees them (as if lost with a broker node), then hear them again."""
+        me = context().actor_instance
+        inst = local_server(runtime()).find(me.actor_id)
+        whole = subjects.actor(
+            runtime().namespace, inst.name, inst.uid, [subjects.WILDCARD] * len(inst.extent.sizes)
+        )
+        left = [n]
+
+        def deliver(msg):  # type: ignore[no-untyped-def]
+            if left[0] > 0:
+                left[0] -= 1
+                return
+            inst.deliver(msg)
+
+        async def swap() -> None:
+            for sub in [s for s in inst.subscriptions if s.subject == whole]:
+                inst.subscriptions.remove(sub)
+                await sub.unsubscribe()
+            inst.subscriptions.append(await runtime().subscribe_mesh(whole, deliver))
+
+        asyncio.run_coroutine_threadsafe(swap(), runtime().loop).result(30)

@@ -28,3 +28,25 @@ class Sink(Actor):
     @endpoint
     def hang(self) -> None:
         time.sleep(3600)
+
+
+class StalledSink(Actor):
+    """An async actor whose endpoint can block its proc's event loop: while it does,
+    the proc reads nothing from the broker, whose buffer for it fills."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self.nbytes = 0
+
+    @endpoint
+    async def stall(self, seconds: float) -> None:
+        time.sleep(seconds)  # on the loop, on purpose
+
+    @endpoint
+    async def take(self, data: bytes) -> None:
+        self.seen += 1
+        self.nbytes += len(data)
+
+    @endpoint
+    async def count(self) -> tuple:
+        return self.seen, self.nbytes

@@ -8,7 +8,13 @@ a sender whose broker node died would have.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
 
 import nats
 import pytest
@@ -22,6 +28,8 @@ from monarch.broker import subjects
 from monarch.broker.codec import dumps, loads
 from monarch.core.runtime import runtime
 from tests.reliability.node_actors import Counter
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -132,10 +140,99 @@ def test_a_call_that_never_reaches_one_rank_fails_instead_of_waiting(nats_url, c
     exactly as if its copy for rank 1 had died with a broker node. The caller's probe
     finds out and the call raises, well before its own timeout."""
     counters.slice(gpus=1).deafen.call_one().get(timeout=30)
-    with pytest.raises(MessageLostError, match="rank 1 .* never received it") as caught:
+    with pytest.raises(
+        MessageLostError, match="rank\\(s\\) 1: their procs never received it"
+    ) as caught:
         counters.ping.call(5).get(timeout=60)
     assert caught.value.counts == {1: 1}
+    assert (caught.value.ran, caught.value.not_run) == ([0], [1])
     assert actor_process(runtime()).prober.lost >= 1
+
+
+def test_a_call_lost_on_some_ranks_says_where_it_ran_and_where_not(nats_url):
+    """Ranks 1 and 2 of three stop hearing whole-mesh messages: a whole-mesh call runs
+    on rank 0 only. Its error must name both lost ranks, and say that rank 0 ran it (a
+    repeat runs twice there), not "safe to call again"."""
+    procs = this_host().spawn_procs(per_host={"gpus": 3})
+    try:
+        mesh = procs.spawn("counter", Counter)
+        for rank in (1, 2):
+            mesh.slice(gpus=rank).deafen.call_one().get(timeout=60)
+        with pytest.raises(MessageLostError) as caught:
+            mesh.ping.call(5).get(timeout=60)
+        e = caught.value
+        assert (e.ran, e.not_run, e.unknown) == ([0], [1, 2], []), str(e)
+        assert e.counts == {1: 1, 2: 1}
+        assert "rank(s) 1, 2" in str(e) and "ran (or is running) on rank(s) 0" in str(e)
+        assert "safe to call again" not in str(e)
+        handled = [mesh.slice(gpus=r).count.call_one().get(timeout=60) for r in range(3)]
+        assert handled == [1, 0, 0]
+    finally:
+        procs.stop().get(timeout=60)
+
+
+def test_a_call_refused_by_one_rank_says_the_others_may_have_run_it(nats_url, counters):
+    """Rank 1 misses one broadcast (it vanishes before the actor sees it): it refuses the
+    next whole-mesh call, which rank 0 runs. The error must not read as "nothing ran"."""
+    counters.slice(gpus=1).drop_whole_mesh_messages.call_one(1).get(timeout=30)
+    counters.incr.broadcast()
+    with pytest.raises(MessageLostError, match="this call was not run there") as caught:
+        counters.ping.call(3).get(timeout=60)
+    e = caught.value
+    assert e.not_run == [1] and e.ran + e.unknown == [0], str(e)
+    assert "calling the whole mesh again may run it twice" in str(e)
+    handled = [counters.slice(gpus=r).count.call_one().get(timeout=30) for r in range(2)]
+    assert handled == [2, 0]  # rank 0 ran the broadcast and the call; rank 1 neither
+
+
+SILENT_RANK = """
+    import json, os, signal
+    from monarch.actor import MessageLostError, this_host
+    from tests.reliability.node_actors import Counter
+    procs = this_host().spawn_procs(per_host={"gpus": 3})
+    mesh = procs.spawn("counter", Counter)
+    mesh.slice(gpus=1).deafen.call_one().get(timeout=60)
+    pid = mesh.slice(gpus=2).pid.call_one().get(timeout=60)
+    os.kill(pid, signal.SIGSTOP)  # its proc answers no probe (nor the call)
+    try:
+        mesh.ping.call(4).get(timeout=60)
+        outcome = "no error"
+    except MessageLostError as e:
+        outcome = {"ran": e.ran, "not_run": e.not_run, "unknown": e.unknown, "text": str(e)}
+    os.kill(pid, signal.SIGCONT)
+    procs.stop().get(timeout=60)
+    print(json.dumps(outcome))
+"""
+
+
+def test_a_rank_whose_proc_does_not_answer_is_reported_unknown(tmp_path):
+    """Rank 1 never receives the call, rank 2's proc is frozen (SIGSTOP; heartbeats
+    allowed a long silence, so it is not declared dead): the call still ends, within
+    the probe's answer timeout, saying rank 0 ran it, rank 1 did not, rank 2 unknown."""
+    script = tmp_path / "client.py"
+    script.write_text(textwrap.dedent(SILENT_RANK))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MONARCH_")}
+    env.update(PYTHONPATH=str(ROOT), MONARCH_HEARTBEAT_TIMEOUT="60")
+    result = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome != "no error"
+    assert (outcome["ran"], outcome["not_run"], outcome["unknown"]) == ([0], [1], [2]), outcome
+    assert "Whether it ran on rank(s) 2 is unknown" in outcome["text"]
+
+
+def test_a_lost_call_is_called_safe_to_repeat_only_when_it_ran_nowhere():
+    class State:  # what the error names: the mesh and its actor class
+        name, class_name = "trainer", "Trainer"
+
+    nowhere = lost_replies.lost_call_error(State, "step", [], [0, 1], [])
+    assert "safe to call again" in str(nowhere) and nowhere.counts == {0: 1, 1: 1}
+    partly = lost_replies.lost_call_error(State, "step", [0], [1], [2])
+    assert "safe to call again" not in str(partly)
+    assert (partly.ran, partly.not_run, partly.unknown) == ([0], [1], [2])
+    assert "Whether it ran on rank(s) 2 is unknown" in str(partly)
 
 
 def test_many_small_replies_are_bounded_by_the_ledgers_byte_cap(monkeypatch):

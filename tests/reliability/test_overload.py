@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,7 +16,8 @@ def run_client(tmp_path: Path, code: str, **env: str) -> subprocess.CompletedPro
     script = tmp_path / "client.py"
     script.write_text(textwrap.dedent(code))
     full = {k: v for k, v in os.environ.items() if not k.startswith("MONARCH_")}
-    full.update(PYTHONPATH=str(ROOT), MONARCH_FLOW_BATCH="50", MONARCH_FLOW_WINDOW="4", **env)
+    full.update(PYTHONPATH=str(ROOT), MONARCH_FLOW_BATCH="50", MONARCH_FLOW_WINDOW="4")
+    full.update(env)
     return subprocess.run(
         [sys.executable, str(script)], env=full, capture_output=True, text=True, timeout=180
     )
@@ -69,3 +71,46 @@ def test_flood_to_a_stuck_actor_is_an_explicit_error(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "backpressure after" in result.stdout
     assert "has not kept up" in result.stdout
+
+
+def test_big_sends_to_a_stalled_actor_wait_instead_of_overflowing_the_broker(tmp_path):
+    """300 in-band sends of 250 kB (75 MB) to an actor whose proc's loop is stalled:
+    more than nats-server holds for one slow reader (64 MiB), after which it cuts the
+    reader off and the messages are lost. The sender must wait instead (in-flight bytes
+    are bounded per mesh, MONARCH_FLOW_BYTES), and every send must be handled."""
+    result = run_client(
+        tmp_path,
+        """
+        import json
+        from monarch.actor import MessageLostError, this_host
+        from tests.reliability.overload_actors import StalledSink
+        pm = this_host().spawn_procs(per_host={"gpus": 1})
+        sink = pm.spawn("stalled", StalledSink)
+        sink.count.call_one().get(timeout=60)
+        sink.stall.broadcast(5.0)
+        payload = b"x" * 250_000
+        lost = []
+        for i in range(300):
+            try:
+                sink.take.broadcast(payload)
+            except MessageLostError as e:
+                lost.append(str(e))
+        try:
+            seen, nbytes = sink.count.call_one().get(timeout=120)
+        except MessageLostError as e:
+            lost.append(str(e))
+            seen, nbytes = sink.count.call_one().get(timeout=120)
+        flow = sink._state.flow
+        print(json.dumps({"seen": seen, "nbytes": nbytes, "lost": lost[:3],
+                          "waits": getattr(flow, "waits", 0)}), flush=True)
+        pm.stop().get(timeout=60)
+        """,
+        MONARCH_FLOW_BATCH="1000",
+        MONARCH_FLOW_WINDOW="16",
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["lost"] == [], report
+    assert "were lost on the way" not in result.stderr, result.stderr[-3000:]
+    assert (report["seen"], report["nbytes"]) == (300, 300 * 250_000), report
+    assert report["waits"] > 0, report  # the sender was held back, not the broker's buffer

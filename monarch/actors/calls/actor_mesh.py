@@ -76,7 +76,9 @@ class MeshState:
         self.local: Any = None  # the ActorInstance when the whole mesh is in this process
         self.settled = threading.Event()  # spawned (or failed): references may leave now
         cfg = rt.settings
-        self.flow = FlowControl(name, cfg.flow_timeout, cfg.flow_batch, cfg.flow_window)
+        self.flow = FlowControl(
+            name, cfg.flow_timeout, cfg.flow_batch, cfg.flow_window, cfg.flow_bytes
+        )
         self.owner_proc = rt.proc_uid  # where the owner lives, and who it is
         self.owner_actor = "client"
         # (rank, count, subject) for messages from here that its actors never got
@@ -193,6 +195,7 @@ class MeshState:
         gather.open()  # before the write: the reply may come back at once
         subject = subjects.actor(rt.namespace, self.name, self.uid, tokens[0])
         actor_process(rt).sends.stamp_count(subject, headers)
+        gather.resend = (subject, body, headers)
         return rt.publish_from_thread(subject, body, headers, gather.subject)
 
     # -- sending (loop) -------------------------------------------------------
@@ -251,6 +254,8 @@ class MeshState:
             subject = subjects.actor(ns, self.name, self.uid, toks)
             numbered = headers if len(tokens) == 1 else dict(headers)
             stamp(subject, numbered)
+            if gather is not None and len(tokens) == 1:
+                gather.resend = (subject, body, numbered)
             rt.publish(subject, body, numbered, reply, on_error, batchable)
 
     async def stop(self) -> None:
@@ -378,13 +383,14 @@ class ActorMesh(MeshShapeOps, Generic[A]):
             raise ValueError(f"selection must be 'all' or 'choose', not {selection!r}")
         return view.subject_tokens(), list(view.ranks)
 
-    def _flow(self) -> None:
-        """Count a message; wait if too far ahead of the mesh; send a marker when due."""
+    def _flow(self, nbytes: int) -> None:
+        """Count a message of ``nbytes``; wait if too far ahead of the mesh; send a marker
+        when due."""
         st = self._state
         if st.local is not None:
             return  # in-process delivery: the caller is never far ahead of a queue it fills
         st.flow.wait_for_room(can_block=not st.rt.on_loop_thread())
-        if st.flow.count():
+        if st.flow.count(nbytes):
             whole = ActorMesh(st, View.full(st.base))
             marker = whole._call(FLOW_ENDPOINT, (), {}, gather="mesh", flow=False)
             marker.add_callback(st.flow.acknowledged)
@@ -409,7 +415,7 @@ class ActorMesh(MeshShapeOps, Generic[A]):
         if not st.send_from_thread(tokens, body, headers, g):
             st.rt.call_soon(st.send, tokens, body, headers, g)
         if flow:
-            self._flow()
+            self._flow(len(body))
         return g.futures if gather == "stream" else g.futures[0]
 
     def _cast(
@@ -427,7 +433,7 @@ class ActorMesh(MeshShapeOps, Generic[A]):
         tokens, _ = self._targets(selection)
         reply = port.subject if port is not None else ""
         self._state.rt.call_soon(self._state.send, tokens, body, headers, None, reply)
-        self._flow()
+        self._flow(len(body))
 
 
 def spawn_error(name: str, rank: int, err: BaseException) -> SpawnError:

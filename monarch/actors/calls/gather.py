@@ -14,11 +14,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from monarch.actors.errors import (
-    MessageLostError,
-    NoActorError,
-    SupervisionError,
-)
+from monarch.actors.calls.no_responders import no_responders
+from monarch.actors.errors import MessageLostError, SupervisionError
 from monarch.actors.meshes.shape import View
 from monarch.actors.meshes.value_mesh import ValueMesh
 from monarch.actors.messaging import messages as m
@@ -78,6 +75,10 @@ class Gather:
         n = len(expected)
         self.futures = [Future() for _ in range(n if mode == "stream" else 1)]
         self._arrived = 0
+        # (subject, body, headers) of a call sent to one subject: sent again when the
+        # broker says nobody heard it (monarch.actors.calls.no_responders)
+        self.resend: tuple[str, bytes, dict] | None = None
+        self.waiting: Any = None  # no_responders' state, while it waits for a reconnect
         prop = state.endpoints.get(endpoint)
         self._check_sender = (
             prop is not None and not prop.explicit_response_port
@@ -121,13 +122,8 @@ class Gather:
 
     def on_msg(self, msg: Msg) -> None:
         headers = msg.headers or {}
-        if headers.get("Status") == "503":
-            self.fail(
-                NoActorError(  # (msg.subject is our reply port: the broker's answer)
-                    f"no actor of mesh {self.state.name!r} is listening for "
-                    f"{self.endpoint!r} (stopped, crashed, or never spawned)"
-                )
-            )
+        if headers.get("Status") == "503":  # (msg.subject is our reply port: the broker's answer)
+            no_responders(self)  # nobody heard it: a reconnect under way, or no actor
             return
         try:
             rank = int(headers[m.RANK])
@@ -183,6 +179,22 @@ class Gather:
             Gather.dropped[reason],
         )
 
+    def _refused_here(self, exc: MessageLostError, rank: int) -> MessageLostError:
+        """Rank ``rank`` refused a call to several ranks (messages before it were lost):
+        say where else it ran, so that nobody repeats the whole call blindly."""
+        ran = sorted(r for r, v in self.values.items() if not isinstance(v, BaseException))
+        unknown = sorted(r for r in self.expected if r != rank and r not in self.values)
+        text = str(exc)
+        if ran:
+            text += f". It ran on rank(s) {', '.join(map(str, ran))}"
+        if unknown:
+            text += f". Whether it ran on rank(s) {', '.join(map(str, unknown))} is not known yet"
+        if ran or unknown:
+            text += ": calling the whole mesh again may run it twice there"
+        return MessageLostError(
+            text, mesh=exc.mesh, counts=exc.counts, ran=ran, not_run=[rank], unknown=unknown
+        )
+
     def _take(self, rank: int, msg: Msg) -> None:
         if rank in self.values:  # two big replies for one rank, both fetched
             self._drop("duplicate", msg)
@@ -195,6 +207,8 @@ class Gather:
                 )
                 if isinstance(value.exception, (SupervisionError, MessageLostError)):
                     value = value.exception  # not an endpoint error: a failed actor, a lost message
+                if isinstance(value, MessageLostError) and len(self.expected) > 1:
+                    value = self._refused_here(value, rank)
         except Exception as e:  # an undecodable reply fails the call, not the loop
             ok, value = False, e
         self.values[rank] = value

@@ -21,17 +21,23 @@ Two halves close that gap:
   control message per proc that hosts a missing rank, listing ``[reply
   subject, rank]`` pairs. The proc answers each with ``replied`` (and
   publishes that reply again), ``pending`` (received, not answered yet) or
-  ``unknown`` (never received: the request was lost). An unknown call fails
-  at once with :class:`MessageLostError`; it was not run, so it is safe to
-  send again.
+  ``unknown`` (never received: the request was lost). Once every proc asked
+  has answered (or stayed silent for ``PROBE_REPLY_TIMEOUT``), a call that
+  some rank never received fails with :class:`MessageLostError`, which says
+  where it ran (``.ran``), where not (``.not_run``) and where nobody knows
+  (``.unknown``): safe to send again only when it ran nowhere. A probe the
+  broker answers "no responders" (the proc is reconnecting, or gone) is no
+  answer: asked again later.
 
 A call therefore completes or raises within ``PROBE_EVERY`` seconds (plus a
-round trip) of the loss, whichever node died; a reply that arrives twice is
+round trip) of the loss, whichever node died, while the procs asked answer
+(``PROBE_REPLY_TIMEOUT`` more when one is silent; a new round waits for the
+last one to end); a reply that arrives twice is
 taken once (a gather takes one reply per rank). Calls that fail when the
 caller's *own* connection drops are handled by supervision
 (:class:`~monarch.actors.errors.BrokerLostError`), not here. A proc that dies
 is the heartbeat watcher's business: a probe nobody answers is simply asked
-again.
+again in the next round.
 """
 
 from __future__ import annotations
@@ -155,18 +161,34 @@ class ReplyLedger:
 
 
 class CallProber:
-    """Asks the repliers about calls unanswered for too long (loop only)."""
+    """Asks the repliers about calls unanswered for too long (loop only).
+
+    One round of probes asks, for each call due, the proc of every rank that
+    has not answered. A call fails once a round that found a rank that never
+    received it is complete (every proc asked has answered, or stayed silent
+    for ``PROBE_REPLY_TIMEOUT``), so that its :class:`MessageLostError` names
+    every rank it did not reach, and those it reached, not only the first.
+    """
 
     def __init__(self, rt: Any) -> None:
         self.rt = rt
         # gather -> [next probe time, interval]; weak: a finished call's values (tensor
         # handles, say) must not outlive it here until the next sweep.
         self._due: weakref.WeakKeyDictionary[Any, list[float]] = weakref.WeakKeyDictionary()
+        # gather -> {rank asked in its current round: the answer, None until it comes}
+        self._rounds: weakref.WeakKeyDictionary[Any, dict[int, str | None]] = (
+            weakref.WeakKeyDictionary()
+        )
         self.probes = 0  # probe messages sent
-        self.lost = 0  # calls failed because their request never arrived
+        self.lost = 0  # calls failed because their request never reached some rank
 
     def start(self) -> None:
         self.rt.every(TICK, self.sweep, "probing calls in flight")
+
+    def restart(self, gather: Any) -> None:
+        """``gather``'s call was just sent again: ask about it ``PROBE_AFTER`` from now."""
+        self._due.pop(gather, None)
+        self._rounds.pop(gather, None)
 
     def sweep(self) -> None:
         """Probe the gathers that are due; forget those that ended."""
@@ -184,37 +206,57 @@ class CallProber:
                     continue
                 if now < due[0]:
                     continue
+                current = self._rounds.get(gather)
+                if current is not None and None in current.values():
+                    continue  # its last round still waits on a proc (at most PROBE_REPLY_TIMEOUT)
                 due[1] = min(due[1] * 2, PROBE_EVERY)
                 due[0] = now + due[1]
+                asked: dict[int, str | None] = {}
                 for rank in gather.expected:
                     if rank in gather.values or rank in st.dead or rank >= len(st.proc_uids):
                         continue
+                    asked[rank] = None
                     asks[st.proc_uids[rank]].append(([gather.subject, rank], gather))
+                self._rounds[gather] = asked
         live_ids = {id(g) for g in live}
         for gather in [g for g in self._due if id(g) not in live_ids]:
             del self._due[gather]
+            self._rounds.pop(gather, None)
         for proc_uid, entries in asks.items():
             self._probe(proc_uid, entries)
 
     def _probe(self, proc_uid: str, entries: list[tuple[list, Any]]) -> None:
         rt = self.rt
         timer: asyncio.TimerHandle | None = None
+        rounds = [(gather, self._rounds.get(gather)) for _, gather in entries]
 
         def on_answer(msg: Any) -> None:
+            if (msg.headers or {}).get("Status") == "503":
+                # The broker's "no responders": the proc is not connected right now (a
+                # reconnect under way, or it is gone: the heartbeat watcher's business).
+                # No answer yet; the timer ends this round, a later one asks again.
+                return
             rt.close_port(port_id)
             if timer is not None:
                 timer.cancel()
             try:
                 statuses = loads(msg.data)
+                if not isinstance(statuses, list) or len(statuses) != len(entries):
+                    raise ValueError(f"{len(entries)} answers expected")
             except Exception as e:
-                log.warning("malformed probe answer from %s: %r", proc_uid, e)
+                log.warning(
+                    "malformed probe answer from %s: %r (headers %r, %d bytes)",
+                    proc_uid, e, msg.headers, len(msg.data),
+                )  # fmt: skip
                 return
-            for (entry, gather), status in zip(entries, statuses):
-                if status == "unknown":
-                    self._lost(gather, entry[1], proc_uid)
+            self._answered(entries, rounds, [str(s) for s in statuses])
+
+        def on_timeout() -> None:
+            rt.close_port(port_id)
+            self._answered(entries, rounds, ["silent"] * len(entries))
 
         port_id, reply = rt.open_port(on_answer)
-        timer = rt.loop.call_later(PROBE_REPLY_TIMEOUT, rt.close_port, port_id)
+        timer = rt.loop.call_later(PROBE_REPLY_TIMEOUT, on_timeout)
         body = dumps([entry for entry, _ in entries])
         self.probes += 1
         rt.publish(
@@ -224,17 +266,65 @@ class CallProber:
             reply,
         )
 
-    def _lost(self, gather: Any, rank: int, proc_uid: str) -> None:
+    def _answered(
+        self,
+        entries: list[tuple[list, Any]],
+        rounds: list[tuple[Any, dict[int, str | None] | None]],
+        statuses: list[str],
+    ) -> None:
+        """Note one proc's answers; a call whose round is complete is decided."""
+        touched: dict[int, tuple[Any, dict[int, str | None]]] = {}
+        for (entry, gather), (_, asked), status in zip(entries, rounds, statuses):
+            if asked is None or self._rounds.get(gather) is not asked:
+                continue  # a later round (or none) is under way for this call
+            if asked.get(entry[1], "") is None:
+                asked[entry[1]] = status
+            touched[id(gather)] = (gather, asked)
+        for gather, asked in touched.values():
+            if all(status is not None for status in asked.values()):
+                self._decide(gather, asked)
+
+    def _decide(self, gather: Any, asked: dict[int, str | None]) -> None:
+        """Fail the call if its round found a rank that never received it."""
         st = gather.state
-        if gather not in st.inflight or rank in gather.values:
-            return  # answered meanwhile
+        not_run = [r for r, s in asked.items() if s == "unknown" and r not in gather.values]
+        if gather not in st.inflight or not not_run:
+            return  # answered meanwhile, or nothing is known lost: wait on
+        ran = set(gather.values) | {r for r, s in asked.items() if s in ("replied", "pending")}
+        unknown = [
+            r for r in gather.expected if r not in ran and r not in not_run and r not in st.dead
+        ]
         self.lost += 1
-        gather.fail(
-            MessageLostError(
-                f"the call to {st.class_name}.{gather.endpoint} on rank {rank} of actor mesh "
-                f"{st.name!r} was lost on its way: proc {proc_uid} never received it (a broker "
-                "node on its path died?). It was not run there; it is safe to call again.",
-                mesh=st.name,
-                counts={rank: 1},
-            )
+        gather.fail(lost_call_error(st, gather.endpoint, sorted(ran), not_run, unknown))
+
+
+def lost_call_error(
+    st: Any, endpoint: str, ran: list[int], not_run: list[int], unknown: list[int]
+) -> MessageLostError:
+    """A call that did not reach some ranks, saying exactly where it ran and where not."""
+    lost = ", ".join(map(str, sorted(not_run)))
+    text = (
+        f"the call to {st.class_name}.{endpoint} on actor mesh {st.name!r} was lost on its "
+        f"way to rank(s) {lost}: their procs never received it (a broker node on its path "
+        "died?), so it did not run there."
+    )
+    if ran:
+        text += (
+            f" It ran (or is running) on rank(s) {', '.join(map(str, ran))}: calling the "
+            "whole mesh again runs it twice there; repeat it on the ranks where it did not run."
         )
+    if unknown:
+        text += (
+            f" Whether it ran on rank(s) {', '.join(map(str, unknown))} is unknown (their "
+            "procs did not answer)."
+        )
+    if not ran and not unknown:
+        text += " It ran nowhere; it is safe to call again."
+    return MessageLostError(
+        text,
+        mesh=st.name,
+        counts={r: 1 for r in not_run},
+        ran=ran,
+        not_run=not_run,
+        unknown=unknown,
+    )
