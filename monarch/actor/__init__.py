@@ -66,6 +66,7 @@ from monarch.hosts.attach import (
     start_worker_loop_forever,
 )
 from monarch.supervision.failure import MeshFailure
+from monarch.telemetry.meter import get_meter
 
 __all__ = [
     "Accumulator",
@@ -110,6 +111,7 @@ __all__ = [
     "debug_controller",
     "enable_transport",
     "endpoint",
+    "get_meter",
     "get_or_spawn_controller",
     "gpu_direct_rdma_supported",
     "hosts_from_config",

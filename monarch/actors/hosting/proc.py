@@ -25,6 +25,7 @@ import monarch.actors.calls.actor_mesh  # noqa: F401  (registers the actor mesh 
 from monarch.actors.hosting.log_forwarding import install_forwarding
 from monarch.actors.hosting.server import local_server
 from monarch.actors.hosting.supervisor import start_supervision
+from monarch.actors.hosting.telemetry import start_telemetry
 from monarch.actors.messaging import messages as m
 from monarch.actors.messaging.loss_recovery import start_loss_recovery
 from monarch.broker.codec import dumps
@@ -48,6 +49,7 @@ async def serve(uid: str, ready: str, url: str) -> None:
         owner_proc=os.environ.get("MONARCH_OWNER_PROC"),
         find_actor=lambda actor_id: local_server(rt).find(actor_id),
     )
+    await start_telemetry(rt, client=False)  # MONARCH_TELEMETRY=1 only
     server = local_server(rt)
     register_proc(rt, server.list_actors)  # a registry entry, and answers to `monarch ps`
     rt.publish(ready, dumps(os.getpid()), {m.KIND: "ready", m.FROM: uid})

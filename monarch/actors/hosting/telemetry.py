@@ -1,0 +1,147 @@
+"""Turning telemetry on in a process: the recorder, its stream, its exporter, its hooks.
+
+Called once per process when its runtime has connected (the client and every
+proc). With ``MONARCH_TELEMETRY`` unset this does nothing at all, and the
+hooks on the message path stay a check of one boolean
+(:data:`monarch.telemetry.recorder.ON`). On, it makes the process's
+:class:`~monarch.telemetry.recorder.Recorder` (publishing through the
+runtime), flushes it every ``MONARCH_TELEMETRY_INTERVAL`` and at close, and
+hangs the deliver and handle spans and the per-endpoint metrics on the
+finished-call records of the actors of this process. The client also creates
+the bounded stream and, with an OTLP endpoint configured, exports the job's
+telemetry (:mod:`monarch.telemetry.otlp`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from monarch.actors.messaging.flow import FLOW_ENDPOINT
+from monarch.broker import subjects
+from monarch.core.runtime import Runtime
+from monarch.telemetry import recorder as tel
+from monarch.telemetry.meter import collect_all, get_meter
+from monarch.telemetry.otlp import OtlpExporter, otlp_endpoint
+from monarch.telemetry.stream import decode_batch, ensure_stream
+
+log = logging.getLogger(__name__)
+
+_meter = get_meter("monarch")
+_calls = _meter.create_counter("monarch.endpoint.calls", description="calls handled")
+_errors = _meter.create_counter("monarch.endpoint.errors", description="calls that raised")
+_duration = _meter.create_histogram(
+    "monarch.endpoint.duration", unit="ms", description="time in the endpoint"
+)
+
+
+def _field(record: Any, name: str) -> Any:
+    if isinstance(record, dict):
+        return record.get(name)
+    return getattr(record, name, None)
+
+
+def on_finished_call(record: Any) -> None:
+    """A finished call of an actor of this process: its deliver and handle spans, and
+    the endpoint's counters. (A listener of ``monarch.actors.calls.activity``.)"""
+    if not tel.ON:
+        return
+    endpoint = _field(record, "endpoint")
+    if endpoint == FLOW_ENDPOINT:
+        return  # the runtime's own flow markers
+    trace = _field(record, "trace")
+    actor_id, mesh, rank = (
+        _field(record, "actor_id"),
+        _field(record, "mesh"),
+        _field(record, "rank"),
+    )
+    caller, ok = _field(record, "caller"), bool(_field(record, "ok"))
+    delivered, started, ended = (
+        _field(record, "t_delivered"), _field(record, "t_started"), _field(record, "t_ended"),
+    )  # fmt: skip
+    if delivered is not None and started is not None:
+        tel.span("deliver", trace, delivered, started, actor_id, mesh, rank, endpoint, True, caller)
+    if started is not None and ended is not None:
+        tel.span("handle", trace, started, ended, actor_id, mesh, rank, endpoint, ok, caller)
+        labels = {"mesh": mesh, "endpoint": endpoint}
+        _calls.add(1, labels)
+        if not ok:
+            _errors.add(1, labels)
+        _duration.record((ended - started) * 1000.0, labels)
+
+
+async def start_telemetry(rt: Runtime, *, client: bool) -> None:
+    """Record and publish this process's telemetry, if ``MONARCH_TELEMETRY`` is on."""
+    cfg = rt.settings
+    if not cfg.telemetry:
+        return
+    endpoint = otlp_endpoint(cfg.otlp_endpoint) if client else None
+    subject = subjects.telemetry(rt.namespace, rt.proc_uid)
+
+    def publish(payload: bytes, headers: dict[str, str]) -> None:
+        rt.publish(subject, payload, headers)
+
+    def wake() -> None:  # from any thread; the flush itself runs on the loop
+        rt.loop.call_soon_threadsafe(rec.flush)
+
+    keep_values = otlp_endpoint(cfg.otlp_endpoint) is not None
+    rec = tel.Recorder(rt.proc_uid, publish, wake, cfg.telemetry_batch, keep_values)
+    rec.collectors.append(collect_all)
+    if client:
+        assert rt.nc is not None
+        await ensure_stream(rt.nc, rt.namespace, cfg.telemetry_max_bytes, cfg.telemetry_max_age)
+    exporter = await _start_export(rt, endpoint, cfg.telemetry_interval) if endpoint else None
+    tel.start(rec)
+    _listen_to_calls()
+    rt.every(cfg.telemetry_interval, rec.flush, "publishing telemetry")
+
+    async def close() -> None:
+        rec.flush()
+        tel.stop()
+        if exporter is not None:
+            await exporter()
+
+    rt.on_close(close)
+
+
+def _listen_to_calls() -> None:
+    """Hang :func:`on_finished_call` on the actors' finished-call records, once."""
+    try:  # the finished-call records come with monarch.actors.calls.activity
+        from monarch.actors.calls.activity import call_listeners
+    except ImportError:  # pragma: no cover - until that module is merged
+        return
+    if on_finished_call not in call_listeners:
+        call_listeners.append(on_finished_call)
+
+
+async def _start_export(rt: Runtime, endpoint: str, interval: float) -> Any:
+    """Export every process's batches (heard on ``mon.<ns>.tel.>``); returns the closer."""
+    try:
+        exporter = OtlpExporter(endpoint, interval)
+    except RuntimeError as e:
+        log.warning("%s; telemetry is not exported", e)
+        return None
+    assert rt.nc is not None
+
+    async def on_batch(msg: Any) -> None:
+        exporter.take(decode_batch(msg.data))
+
+    sub = await rt.nc.subscribe(subjects.telemetry_wildcard(rt.namespace), cb=on_batch)
+
+    async def close() -> None:
+        # Procs have stopped by now (their closers run first) and sent their last
+        # batches: a round trip to the broker, then the subscription's backlog.
+        try:
+            await rt.nc.flush(timeout=2)
+            deadline = time.monotonic() + 2
+            while sub.pending_msgs and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)
+            await sub.unsubscribe()
+        except Exception as e:
+            log.debug("telemetry export subscription did not close cleanly: %r", e)
+        await asyncio.get_running_loop().run_in_executor(None, exporter.close)
+
+    return close
