@@ -19,7 +19,7 @@ import logging
 import time
 from typing import Any
 
-from monarch.actors.messaging.flow import FLOW_ENDPOINT
+from monarch.actors.calls.activity import FLOW_MARKER, CallRecord, call_listeners
 from monarch.broker import subjects
 from monarch.core.runtime import Runtime
 from monarch.telemetry import recorder as tel
@@ -37,39 +37,24 @@ _duration = _meter.create_histogram(
 )
 
 
-def _field(record: Any, name: str) -> Any:
-    if isinstance(record, dict):
-        return record.get(name)
-    return getattr(record, name, None)
-
-
-def on_finished_call(record: Any) -> None:
+def on_finished_call(record: CallRecord) -> None:
     """A finished call of an actor of this process: its deliver and handle spans, and
-    the endpoint's counters. (A listener of ``monarch.actors.calls.activity``.)"""
-    if not tel.ON:
+    the endpoint's counters (a listener of :data:`~monarch.actors.calls.activity.call_listeners`)."""
+    if not tel.ON or record.endpoint == FLOW_MARKER:  # not the runtime's own flow markers
         return
-    endpoint = _field(record, "endpoint")
-    if endpoint == FLOW_ENDPOINT:
-        return  # the runtime's own flow markers
-    trace = _field(record, "trace")
-    actor_id, mesh, rank = (
-        _field(record, "actor_id"),
-        _field(record, "mesh"),
-        _field(record, "rank"),
-    )
-    caller, ok = _field(record, "caller"), bool(_field(record, "ok"))
-    delivered, started, ended = (
-        _field(record, "t_delivered"), _field(record, "t_started"), _field(record, "t_ended"),
-    )  # fmt: skip
-    if delivered is not None and started is not None:
-        tel.span("deliver", trace, delivered, started, actor_id, mesh, rank, endpoint, True, caller)
-    if started is not None and ended is not None:
-        tel.span("handle", trace, started, ended, actor_id, mesh, rank, endpoint, ok, caller)
-        labels = {"mesh": mesh, "endpoint": endpoint}
-        _calls.add(1, labels)
-        if not ok:
-            _errors.add(1, labels)
-        _duration.record((ended - started) * 1000.0, labels)
+    trace = record.trace or None
+    actor_id, mesh, rank, endpoint = record.actor_id, record.mesh, record.rank, record.endpoint
+    caller = record.caller or None
+    if record.t_delivered:  # 0.0: not known
+        tel.span("deliver", trace, record.t_delivered, record.t_started, actor_id, mesh, rank,
+                 endpoint, True, caller)  # fmt: skip
+    tel.span("handle", trace, record.t_started, record.t_ended, actor_id, mesh, rank, endpoint,
+             record.ok, caller)  # fmt: skip
+    labels = {"mesh": mesh, "endpoint": endpoint}
+    _calls.add(1, labels)
+    if not record.ok:
+        _errors.add(1, labels)
+    _duration.record((record.t_ended - record.t_started) * 1000.0, labels)
 
 
 async def start_telemetry(rt: Runtime, *, client: bool) -> None:
@@ -108,10 +93,6 @@ async def start_telemetry(rt: Runtime, *, client: bool) -> None:
 
 def _listen_to_calls() -> None:
     """Hang :func:`on_finished_call` on the actors' finished-call records, once."""
-    try:  # the finished-call records come with monarch.actors.calls.activity
-        from monarch.actors.calls.activity import call_listeners
-    except ImportError:  # pragma: no cover - until that module is merged
-        return
     if on_finished_call not in call_listeners:
         call_listeners.append(on_finished_call)
 
