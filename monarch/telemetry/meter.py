@@ -33,6 +33,11 @@ _VALUES_CAP = 2048  # raw histogram values kept per point for an OTLP exporter
 Attributes = Mapping[str, Any] | None
 
 
+def key_of(attributes: Attributes) -> tuple:
+    """The key a set of attributes is summed under (see ``Counter.add_keyed``)."""
+    return _key(attributes)
+
+
 def _key(attributes: Attributes) -> tuple:
     if not attributes:
         return ()
@@ -83,9 +88,12 @@ class Counter(_Instrument):
     def add(self, amount: float, attributes: Attributes = None, context: Any = None) -> None:
         if amount < 0:
             raise ValueError(f"counter {self.name!r} only goes up: add({amount}) is negative")
-        if not _rec.ON:
-            return
-        key = _key(attributes)
+        if _rec.ON:
+            self.add_keyed(amount, _key(attributes))
+
+    def add_keyed(self, amount: float, key: tuple) -> None:
+        """``add`` with the attributes already made a key (``key_of``): the runtime's own
+        per-call counters skip sorting them each time."""
         with self._lock:
             self._points[key] = self._points.get(key, 0) + amount
 
@@ -96,9 +104,12 @@ class UpDownCounter(_Instrument):
     kind = "up_down_counter"
 
     def add(self, amount: float, attributes: Attributes = None, context: Any = None) -> None:
-        if not _rec.ON:
-            return
-        key = _key(attributes)
+        if _rec.ON:
+            self.add_keyed(amount, _key(attributes))
+
+    def add_keyed(self, amount: float, key: tuple) -> None:
+        """``add`` with the attributes already made a key (``key_of``): the runtime's own
+        per-call counters skip sorting them each time."""
         with self._lock:
             self._points[key] = self._points.get(key, 0) + amount
 
@@ -120,9 +131,11 @@ class Histogram(_Instrument):
         self.bounds = tuple(bounds) if bounds is not None else DEFAULT_BOUNDS
 
     def record(self, amount: float, attributes: Attributes = None, context: Any = None) -> None:
-        if not _rec.ON:
-            return
-        key = _key(attributes)
+        if _rec.ON:
+            self.record_keyed(amount, _key(attributes))
+
+    def record_keyed(self, amount: float, key: tuple) -> None:
+        """``record`` with the attributes already made a key (``key_of``)."""
         bucket = bisect.bisect_left(self.bounds, amount)
         with self._lock:
             st = self._points.get(key)

@@ -1,8 +1,8 @@
 """The ``monarch-<ns>-telemetry`` stream: where every process's batches are kept.
 
-Each message on ``mon.<ns>.tel.<proc-uid>`` is a batch of JSON lines, one
-record each (``{"type": "span", ...}`` or ``{"type": "metric", ...}``), so
-``monarch tail 'mon.<ns>.tel.>'`` and ``nats stream view`` show it as text.
+Each message on ``mon.<ns>.tel.<proc-uid>`` is one process's batch, a msgpack
+map (``span_fields``, ``spans``: one array per span, ``metrics``: one map per
+point), which ``monarch tail 'mon.<ns>.tel.>'`` shows decoded.
 The stream is bounded (``MONARCH_TELEMETRY_MAX_BYTES``, default 64 MiB, and
 ``MONARCH_TELEMETRY_MAX_AGE``, default an hour; the oldest batches go first),
 kept in memory: telemetry is for looking at a job while it runs or just after.
@@ -13,11 +13,11 @@ The client creates it when telemetry is on, as it creates the other streams
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from typing import Any
 
+import msgpack
 from nats.aio.client import Client
 from nats.js.api import DeliverPolicy, DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
@@ -61,15 +61,15 @@ async def ensure_stream(nc: Client, namespace: str, max_bytes: int, max_age: flo
 
 
 def decode_batch(data: bytes) -> list[dict[str, Any]]:
-    """The records of one batch; lines that are not JSON objects are skipped."""
-    records = []
-    for line in data.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            records.append(rec)
+    """The records of one batch (:meth:`~monarch.telemetry.recorder.Recorder.flush`), each a
+    dict with ``type`` ``span`` or ``metric``; a body that is not a batch gives none."""
+    try:
+        batch = msgpack.unpackb(data)
+        fields = batch["span_fields"]
+        records = [dict(zip(fields, span), type="span") for span in batch["spans"]]
+        records += [dict(point, type="metric") for point in batch["metrics"]]
+    except Exception:
+        return []
     return records
 
 

@@ -23,7 +23,7 @@ from monarch.actors.calls.activity import FLOW_MARKER, CallRecord, call_listener
 from monarch.broker import subjects
 from monarch.core.runtime import Runtime
 from monarch.telemetry import recorder as tel
-from monarch.telemetry.meter import collect_all, get_meter
+from monarch.telemetry.meter import collect_all, get_meter, key_of
 from monarch.telemetry.otlp import OtlpExporter, otlp_endpoint
 from monarch.telemetry.stream import decode_batch, ensure_stream
 
@@ -35,6 +35,8 @@ _errors = _meter.create_counter("monarch.endpoint.errors", description="calls th
 _duration = _meter.create_histogram(
     "monarch.endpoint.duration", unit="ms", description="time in the endpoint"
 )
+
+_keys: dict[tuple[str, str], tuple] = {}  # (mesh, endpoint) -> the counters' attribute key
 
 
 def on_finished_call(record: CallRecord) -> None:
@@ -50,11 +52,13 @@ def on_finished_call(record: CallRecord) -> None:
                  endpoint, True, caller)  # fmt: skip
     tel.span("handle", trace, record.t_started, record.t_ended, actor_id, mesh, rank, endpoint,
              record.ok, caller)  # fmt: skip
-    labels = {"mesh": mesh, "endpoint": endpoint}
-    _calls.add(1, labels)
+    key = _keys.get((mesh, endpoint))
+    if key is None:
+        key = _keys[(mesh, endpoint)] = key_of({"mesh": mesh, "endpoint": endpoint})
+    _calls.add_keyed(1, key)
     if not record.ok:
-        _errors.add(1, labels)
-    _duration.record((record.t_ended - record.t_started) * 1000.0, labels)
+        _errors.add_keyed(1, key)
+    _duration.record_keyed((record.t_ended - record.t_started) * 1000.0, key)
 
 
 async def start_telemetry(rt: Runtime, *, client: bool) -> None:
