@@ -32,9 +32,15 @@ import uuid
 TIMEOUT = 60.0
 
 
-def child(cfg: dict) -> dict:
-    """One client: the measurements, with this process's MONARCH_TELEMETRY."""
+def child(cfg: dict) -> list[dict]:
+    """One client: the measurements, with this process's MONARCH_TELEMETRY.
+
+    With ``cfg["toggle"]`` (telemetry on), it measures ``cfg["rounds"]`` rounds each
+    way on the same procs, pausing recording everywhere for the "off" rounds
+    (``set_recording``); otherwise one round as the environment says.
+    """
     from monarch.actor import Actor, endpoint, shutdown_context, this_host
+    from monarch.actors.hosting.telemetry import set_recording
 
     class Sink(Actor):
         def __init__(self) -> None:
@@ -52,31 +58,53 @@ def child(cfg: dict) -> dict:
         def count(self) -> int:
             return self.n
 
+        @endpoint
+        def record(self, on: bool) -> bool:
+            return set_recording(on)
+
     procs = this_host().spawn_procs(per_host={"gpus": 2})
     mesh = procs.spawn(f"bench{uuid.uuid4().hex[:6]}", Sink)
     one = mesh.slice(gpus=0)
     for i in range(cfg["warmup"]):
         one.ping.call_one(i).get(TIMEOUT)
-    lat = []
-    for i in range(cfg["latency"]):
+    sent = 0
+
+    def measure(on: bool | None) -> dict:
+        nonlocal sent
+        if on is not None:
+            mesh.record.call(on).get(TIMEOUT)
+            set_recording(on)
+        lat = []
+        for i in range(cfg["latency"]):
+            t = time.perf_counter()
+            one.ping.call_one(i).get(TIMEOUT)
+            lat.append(time.perf_counter() - t)
+        lat.sort()
+        fire = cfg["fire"]
         t = time.perf_counter()
-        one.ping.call_one(i).get(TIMEOUT)
-        lat.append(time.perf_counter() - t)
-    lat.sort()
-    fire = cfg["fire"]
-    t = time.perf_counter()
-    for _ in range(fire):
-        mesh.tick.broadcast()
-    counts = mesh.count.call().get(TIMEOUT)
-    elapsed = time.perf_counter() - t
-    assert list(counts.values()) == [fire, fire], counts
+        for _ in range(fire):
+            mesh.tick.broadcast()
+        counts = mesh.count.call().get(TIMEOUT)
+        elapsed = time.perf_counter() - t
+        sent += fire
+        assert list(counts.values()) == [sent, sent], counts
+        return {
+            "on": on,
+            "p50_us": lat[len(lat) // 2] * 1e6,
+            "p99_us": lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))] * 1e6,
+            "fire_msgs_s": 2 * fire / elapsed,  # each broadcast reaches both actors
+        }
+
+    if cfg.get("toggle"):
+        out = []
+        for i in range(cfg["rounds"]):
+            for on in (False, True) if i % 2 == 0 else (True, False):
+                out.append(measure(on))
+    else:
+        out = [measure(None)]
     procs.stop().get(TIMEOUT)
     shutdown_context().get(TIMEOUT)
-    return {
-        "p50_us": lat[len(lat) // 2] * 1e6,
-        "p99_us": lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))] * 1e6,
-        "fire_msgs_s": 2 * fire / elapsed,  # each broadcast reaches both actors
-    }
+    return out
 
 
 def run_child(url: str, telemetry: bool, cfg: dict) -> dict:
@@ -95,6 +123,20 @@ def run_child(url: str, telemetry: bool, cfg: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def table(title: str, results: dict[bool, list[dict]], as_json: bool) -> None:
+    print(title)
+    print(f"{'figure':<26}{'telemetry off':>16}{'telemetry on':>16}{'on/off':>8}")
+    rows = [("call_one p50 (us)", "p50_us"), ("call_one p99 (us)", "p99_us"),
+            ("fire-and-forget (msgs/s)", "fire_msgs_s")]  # fmt: skip
+    for label, key in rows:
+        off = statistics.median(r[key] for r in results[False])
+        on = statistics.median(r[key] for r in results[True])
+        print(f"{label:<26}{off:>16,.1f}{on:>16,.1f}{on / off:>8.3f}")
+        if as_json:
+            print(json.dumps({"table": title, "figure": key, "off": off, "on": on,
+                              "ratio": on / off}))  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=5)
@@ -111,23 +153,19 @@ def main() -> int:
     from monarch.broker.server import EmbeddedBroker
 
     results: dict[bool, list[dict]] = {False: [], True: []}
+    toggled: dict[bool, list[dict]] = {False: [], True: []}
     with contextlib.ExitStack() as cleanup:
         broker = EmbeddedBroker().start()
         cleanup.callback(broker.stop)
         for i in range(args.runs):
             order = (False, True) if i % 2 == 0 else (True, False)
             for on in order:
-                results[on].append(run_child(broker.url, on, cfg))
-    print(f"median of {args.runs} runs per side; counts: {cfg}")
-    print(f"{'figure':<26}{'telemetry off':>16}{'telemetry on':>16}{'x off':>8}")
-    rows = [("call_one p50 (us)", "p50_us"), ("call_one p99 (us)", "p99_us"),
-            ("fire-and-forget (msgs/s)", "fire_msgs_s")]  # fmt: skip
-    for label, key in rows:
-        off = statistics.median(r[key] for r in results[False])
-        on = statistics.median(r[key] for r in results[True])
-        print(f"{label:<26}{off:>16,.1f}{on:>16,.1f}{on / off:>8.3f}")
-        if args.json:
-            print(json.dumps({"figure": key, "off": off, "on": on, "ratio": on / off}))
+                results[on].extend(run_child(broker.url, on, cfg))
+        for r in run_child(broker.url, True, dict(cfg, toggle=True, rounds=args.runs)):
+            toggled[r["on"]].append(r)
+    print(f"medians of {args.runs} rounds per side; counts: {cfg}")
+    table("A. a fresh client per round: MONARCH_TELEMETRY=0 vs 1", results, args.json)
+    table("B. one client, recording paused/resumed each round", toggled, args.json)
     return 0
 
 

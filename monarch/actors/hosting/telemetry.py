@@ -95,6 +95,31 @@ async def start_telemetry(rt: Runtime, *, client: bool) -> None:
     rt.on_close(close)
 
 
+def set_recording(on: bool) -> bool:
+    """Pause (False) or resume (True) this process's recording, where telemetry was started.
+
+    Paused, the hooks are as with telemetry off (the boolean is False and no one
+    listens to finished calls); what was recorded is still published. Returns
+    whether telemetry runs here at all. ``benchmarks/bench_telemetry.py`` uses it to
+    compare both ways on the same procs, round after round.
+    """
+    rec = tel.current_recorder() or _paused.get("rec")
+    if rec is None:
+        return False
+    if on:
+        tel.start(rec)
+        _listen_to_calls()
+    else:
+        _paused["rec"] = rec
+        tel.ON = False
+        if on_finished_call in call_listeners:
+            call_listeners.remove(on_finished_call)
+    return True
+
+
+_paused: dict[str, tel.Recorder] = {}
+
+
 def _listen_to_calls() -> None:
     """Hang :func:`on_finished_call` on the actors' finished-call records, once."""
     if on_finished_call not in call_listeners:
