@@ -136,20 +136,29 @@ class Histogram(_Instrument):
 
     def record_keyed(self, amount: float, key: tuple) -> None:
         """``record`` with the attributes already made a key (``key_of``)."""
-        bucket = bisect.bisect_left(self.bounds, amount)
+        self.record_many((amount,), key)
+
+    def record_many(self, amounts: Sequence[float], key: tuple) -> None:
+        """Several values under one key (``key_of``), taking the lock once."""
+        if not amounts:
+            return
+        bounds = self.bounds
         with self._lock:
             st = self._points.get(key)
             if st is None:
-                st = self._points[key] = [0, 0.0, amount, amount, [0] * (len(self.bounds) + 1), []]
-            st[0] += 1
-            st[1] += amount
-            if amount < st[2]:
-                st[2] = amount
-            if amount > st[3]:
-                st[3] = amount
-            st[4][bucket] += 1
-            if len(st[5]) < _VALUES_CAP:
-                st[5].append(amount)
+                first = amounts[0]
+                st = self._points[key] = [0, 0.0, first, first, [0] * (len(bounds) + 1), []]
+            buckets, values = st[4], st[5]
+            for amount in amounts:
+                st[0] += 1
+                st[1] += amount
+                if amount < st[2]:
+                    st[2] = amount
+                if amount > st[3]:
+                    st[3] = amount
+                buckets[bisect.bisect_left(bounds, amount)] += 1
+                if len(values) < _VALUES_CAP:
+                    values.append(amount)
 
     def _point(self, key: tuple, state: Any, now: float) -> dict[str, Any]:
         count, total, lo, hi, buckets, values = state

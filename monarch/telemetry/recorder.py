@@ -67,6 +67,9 @@ class Recorder:
         self._prefix = secrets.token_hex(8)  # trace ids: 32 hex digits, as OpenTelemetry's
         self._ids = itertools.count(1)
         self.collectors: list[Callable[[float], list[dict[str, Any]]]] = []
+        # Given each flush's spans (tuples in SPAN_FIELDS order) before the collectors run:
+        # per-endpoint counters are counted here, once per flush, not on each call.
+        self.span_listeners: list[Callable[[list[tuple]], None]] = []
         self.published = 0  # records published so far
 
     def new_trace(self) -> str:
@@ -105,6 +108,11 @@ class Recorder:
         self._waking = False
         items = self._items
         spans = [items.popleft() for _ in range(len(items))]
+        for listener in list(self.span_listeners):
+            try:
+                listener(spans)
+            except Exception:
+                log.exception("a telemetry span listener failed")
         points: list[dict[str, Any]] = []
         now = time.time()
         for collect in list(self.collectors):

@@ -41,7 +41,7 @@ _keys: dict[tuple[str, str], tuple] = {}  # (mesh, endpoint) -> the counters' at
 
 def on_finished_call(record: CallRecord) -> None:
     """A finished call of an actor of this process: its deliver and handle spans, and
-    the endpoint's counters (a listener of :data:`~monarch.actors.calls.activity.call_listeners`)."""
+    through them the endpoint's counters (a listener of :data:`~monarch.actors.calls.activity.call_listeners`)."""
     if not tel.ON or record.endpoint == FLOW_MARKER:  # not the runtime's own flow markers
         return
     trace = record.trace or None
@@ -52,13 +52,30 @@ def on_finished_call(record: CallRecord) -> None:
                  endpoint, True, caller)  # fmt: skip
     tel.span("handle", trace, record.t_started, record.t_ended, actor_id, mesh, rank, endpoint,
              record.ok, caller)  # fmt: skip
-    key = _keys.get((mesh, endpoint))
-    if key is None:
-        key = _keys[(mesh, endpoint)] = key_of({"mesh": mesh, "endpoint": endpoint})
-    _calls.add_keyed(1, key)
-    if not record.ok:
-        _errors.add_keyed(1, key)
-    _duration.record_keyed((record.t_ended - record.t_started) * 1000.0, key)
+    # (the endpoint's counters are counted from the handle spans, at each flush)
+
+
+def count_endpoints(spans: list[tuple]) -> None:
+    """The per-endpoint calls, errors and durations of a flush's handle spans."""
+    per: dict[tuple[str, str], list] = {}
+    for span in spans:
+        if span[0] != "handle":
+            continue
+        mesh, endpoint, start, end, ok = span[4], span[6], span[7], span[8], span[9]
+        acc = per.get((mesh, endpoint))
+        if acc is None:
+            acc = per[(mesh, endpoint)] = [0, []]
+        if not ok:
+            acc[0] += 1
+        acc[1].append((end - start) * 1000.0)
+    for (mesh, endpoint), (errors, durations) in per.items():
+        key = _keys.get((mesh, endpoint))
+        if key is None:
+            key = _keys[(mesh, endpoint)] = key_of({"mesh": mesh, "endpoint": endpoint})
+        _calls.add_keyed(len(durations), key)
+        if errors:
+            _errors.add_keyed(errors, key)
+        _duration.record_many(durations, key)
 
 
 async def start_telemetry(rt: Runtime, *, client: bool) -> None:
@@ -77,6 +94,7 @@ async def start_telemetry(rt: Runtime, *, client: bool) -> None:
 
     keep_values = otlp_endpoint(cfg.otlp_endpoint) is not None
     rec = tel.Recorder(rt.proc_uid, publish, wake, cfg.telemetry_batch, keep_values)
+    rec.span_listeners.append(count_endpoints)
     rec.collectors.append(collect_all)
     if client:
         assert rt.nc is not None
