@@ -25,6 +25,7 @@ from monarch.actors.calls.endpoint import (
 )
 from monarch.actors.calls.endpoint import ActorEndpoint as Endpoint
 from monarch.actors.calls.ports import Channel, Port, PortReceiver
+from monarch.actors.calls.user_spans import span, traced
 from monarch.actors.client import default_unhandled_fault_hook as unhandled_fault_hook
 from monarch.actors.client import set_fault_hook_source as _set_fault_hook_source
 from monarch.actors.client import shutdown_context
@@ -123,8 +124,10 @@ __all__ = [
     "send",
     "shutdown_context",
     "sim_proc_mesh",
+    "span",
     "this_host",
     "this_proc",
+    "traced",
     "unhandled_fault_hook",
 ]
 

@@ -9,12 +9,17 @@ from __future__ import annotations
 import json
 import sys
 
-from monarch.actor import Actor, endpoint, get_meter, this_host
+from monarch.actor import Actor, endpoint, get_meter, span, this_host, traced
 
 _meter = get_meter("tests.telemetry")
 _items = _meter.create_counter("items.done")
 _sizes = _meter.create_histogram("item.size", unit="By")
 _queue = _meter.create_up_down_counter("queue.depth")
+
+
+@traced
+def _prepare(n: int) -> int:
+    return n
 
 
 class Worker(Actor):
@@ -39,7 +44,8 @@ class Worker(Actor):
         _sizes.record(100.0 * n, {"kind": "test"})
         _queue.add(3)
         _queue.add(-1)
-        return n
+        with span("work.inner"):
+            return _prepare(n)
 
     @endpoint
     def boom(self) -> None:

@@ -84,16 +84,31 @@ def test_an_endpoint_that_raises_has_a_failed_handle_span(job):
     assert reply["ok"] == 0
 
 
+def test_user_spans_of_span_and_traced(job):
+    rows = query(*job, "SELECT * FROM spans WHERE span IN ('work.inner', '_prepare') ORDER BY rank")
+    assert sorted((r["span"], r["rank"]) for r in rows) == [
+        ("_prepare", 0), ("_prepare", 1), ("work.inner", 0), ("work.inner", 1)
+    ]  # fmt: skip
+    for row in rows:
+        assert row["actor_id"].endswith(f"[{row['rank']}]") and row["mesh"] == "telmesh"
+        assert row["duration_ms"] >= 0 and row["ok"] == 1 and row["endpoint"] is None
+    inner = {r["rank"]: r for r in rows if r["span"] == "work.inner"}
+    for r in rows:
+        if r["span"] == "_prepare":  # inside the with block
+            assert inner[r["rank"]]["start"] <= r["start"] <= r["end"] <= inner[r["rank"]]["end"]
+
+
 def test_count_of_spans_per_endpoint(job):
     rows = query(*job, "SELECT endpoint, count(*) AS n FROM spans GROUP BY endpoint")
     # a call_one: send, deliver, handle, reply; a broadcast to 2: send + 2 deliver + 2 handle;
-    # a call to 2: send + 2 x (deliver, handle, reply)
+    # a call to 2: send + 2 x (deliver, handle, reply); user spans have no endpoint
     assert {r["endpoint"]: r["n"] for r in rows} == {
         "ping": 3 * 4,
         "tick": 2 * 5,
         "ticks_seen": 7,
         "work": 7,
         "boom": 4,
+        None: 4,
     }
 
 
