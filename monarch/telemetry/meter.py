@@ -60,7 +60,11 @@ class _Instrument:
     def __reduce__(self) -> tuple:
         # An actor class defined in a script travels by value, with the instruments its
         # module holds: each process gets (or makes) its own instrument of that name.
-        return (_instrument, (self.meter.name, self.kind, self.name, self.unit, self.description))
+        bounds = getattr(self, "bounds", None)
+        return (
+            _instrument,
+            (self.meter.name, self.kind, self.name, self.unit, self.description, bounds),
+        )
 
     def _point(self, key: tuple, state: Any, now: float) -> dict[str, Any]:
         return {
@@ -252,14 +256,17 @@ def get_meter(
         return meter
 
 
-def _instrument(scope: str, kind: str, name: str, unit: str, description: str) -> _Instrument:
+def _instrument(
+    scope: str, kind: str, name: str, unit: str, description: str, bounds: Any = None
+) -> _Instrument:
     meter = get_meter(scope)
-    make = {
-        "counter": meter.create_counter,
-        "up_down_counter": meter.create_up_down_counter,
-        "histogram": meter.create_histogram,
-    }[kind]
-    return make(name, unit, description)
+    if kind == "histogram":
+        return meter.create_histogram(
+            name, unit, description, explicit_bucket_boundaries_advisory=bounds
+        )
+    if kind == "counter":
+        return meter.create_counter(name, unit, description)
+    return meter.create_up_down_counter(name, unit, description)
 
 
 def collect_all(now: float) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import os
 import secrets
 import time
 from collections.abc import Callable
@@ -181,7 +182,5 @@ def new_trace() -> str | None:
 
 
 # A forked child has our recorder, not our loop: it starts its own, if any.
-import os  # noqa: E402
-
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=stop)
