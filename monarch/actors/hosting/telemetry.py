@@ -48,7 +48,10 @@ def on_finished_call(record: CallRecord) -> None:
     actor_id, mesh, rank, endpoint = record.actor_id, record.mesh, record.rank, record.endpoint
     caller = record.caller or None
     if record.t_delivered:  # 0.0: not known
-        tel.span("deliver", trace, record.t_delivered, record.t_started, actor_id, mesh, rank,
+        # t_delivered is time.time(), t_started the book's monotonic clock made wall time:
+        # the two may disagree by a few microseconds, never a negative wait.
+        delivered = min(record.t_delivered, record.t_started)
+        tel.span("deliver", trace, delivered, record.t_started, actor_id, mesh, rank,
                  endpoint, True, caller)  # fmt: skip
     tel.span("handle", trace, record.t_started, record.t_ended, actor_id, mesh, rank, endpoint,
              record.ok, caller)  # fmt: skip
