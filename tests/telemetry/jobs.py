@@ -32,10 +32,10 @@ def _env(nats_url: str, namespace: str, **extra: str) -> dict[str, str]:
     return env
 
 
-def run_job(nats_url: str, namespace: str, **env: str) -> None:
+def run_job(nats_url: str, namespace: str, *args: str, **env: str) -> None:
     """Run the job to its end (procs stopped, client shut down); fail with its output if it fails."""
     done = subprocess.run(
-        [sys.executable, "-m", "tests.telemetry.tel_actors"],
+        [sys.executable, "-m", "tests.telemetry.tel_actors", *args],
         cwd=ROOT,
         env=_env(nats_url, namespace, **env),
         capture_output=True,

@@ -55,6 +55,10 @@ class Worker(Actor):
 def main() -> int:
     from monarch.actor import shutdown_context
 
+    if "--job-config" in sys.argv:  # Monarch's way: job.enable_telemetry(TelemetryConfig(...))
+        from monarch.job import LocalJob, TelemetryConfig
+
+        LocalJob().enable_telemetry(TelemetryConfig(retention_secs=120))
     procs = this_host().spawn_procs(per_host={"gpus": 2})
     mesh = procs.spawn("telmesh", Worker)
     one = mesh.slice(gpus=1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+import json
 
 import nats
 import pytest
@@ -87,3 +88,31 @@ def test_the_stream_is_bounded_by_the_settings(job):
     assert defaults.telemetry is False  # off unless asked
     assert defaults.telemetry_max_bytes == 64 * 1024 * 1024
     assert defaults.telemetry_max_age == 3600
+
+
+def test_monarchs_job_enable_telemetry_turns_it_on(nats_url):
+    ns = new_namespace()
+    run_job(nats_url, ns, "--job-config")  # no MONARCH_TELEMETRY: TelemetryConfig instead
+    done = monarch(nats_url, ns, "query", "--json", COUNT)
+    assert done.returncode == 0, done.stderr
+    assert {r["endpoint"]: r["n"] for r in json.loads(done.stdout)}["ping"] == 3
+
+    async def max_age():
+        nc = await nats.connect(nats_url)
+        try:
+            return (await nc.jetstream().stream_info(telemetry_stream(ns))).config.max_age
+        finally:
+            await nc.close()
+
+    assert asyncio.run(max_age()) == 120  # retention_secs
+
+
+def test_enable_telemetry_after_the_runtime_started_is_an_error(nats_url):
+    from monarch.core.runtime import runtime
+    from monarch.job import LocalJob, TelemetryConfig
+
+    runtime()  # the test session's client, telemetry off
+    with pytest.raises(RuntimeError, match="before the first mesh"):
+        LocalJob().enable_telemetry(TelemetryConfig())
+    with pytest.raises(TypeError, match="TelemetryConfig"):
+        LocalJob().enable_telemetry({"retention_secs": 1})
