@@ -110,6 +110,9 @@ async def start_telemetry(rt: Runtime, *, client: bool) -> None:
     async def close() -> None:
         rec.flush()
         tel.stop()
+        _paused.clear()
+        if on_finished_call in call_listeners:
+            call_listeners.remove(on_finished_call)
         if exporter is not None:
             await exporter()
 
