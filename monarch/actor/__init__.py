@@ -25,6 +25,7 @@ from monarch.actors.calls.endpoint import (
 )
 from monarch.actors.calls.endpoint import ActorEndpoint as Endpoint
 from monarch.actors.calls.ports import Channel, Port, PortReceiver
+from monarch.actors.calls.user_spans import span, traced
 from monarch.actors.client import default_unhandled_fault_hook as unhandled_fault_hook
 from monarch.actors.client import set_fault_hook_source as _set_fault_hook_source
 from monarch.actors.client import shutdown_context
@@ -66,6 +67,7 @@ from monarch.hosts.attach import (
     start_worker_loop_forever,
 )
 from monarch.supervision.failure import MeshFailure
+from monarch.telemetry.meter import get_meter
 
 __all__ = [
     "Accumulator",
@@ -110,6 +112,7 @@ __all__ = [
     "debug_controller",
     "enable_transport",
     "endpoint",
+    "get_meter",
     "get_or_spawn_controller",
     "gpu_direct_rdma_supported",
     "hosts_from_config",
@@ -121,8 +124,10 @@ __all__ = [
     "send",
     "shutdown_context",
     "sim_proc_mesh",
+    "span",
     "this_host",
     "this_proc",
+    "traced",
     "unhandled_fault_hook",
 ]
 

@@ -29,6 +29,7 @@ from monarch.actors.hosting.stacks import serve_stacks
 from monarch.actors.hosting.stalls import watch_stalls
 from monarch.actors.hosting.stats import serve_stats
 from monarch.actors.hosting.supervisor import start_supervision
+from monarch.actors.hosting.telemetry import start_telemetry
 from monarch.actors.messaging.loss_recovery import start_loss_recovery
 from monarch.actors.procs.controllers import get_or_spawn_here
 from monarch.actors.procs.launcher import prestart_zygote, run_on_launcher_thread
@@ -259,6 +260,7 @@ async def _connect_client(rt: Runtime, url: str) -> None:
         fault_hook=current_fault_hook,
         on_unhandled=end_client_for_unhandled_fault,
     )
+    await start_telemetry(rt, client=True)  # MONARCH_TELEMETRY=1 only
     # The root also serves control messages: this_proc() actors, and the job's
     # singleton controllers, which only the root hands out.
     server = local_server(rt)

@@ -37,7 +37,8 @@ class MalformedBatchError(ValueError):
 class BatchedMsg:
     """One message taken out of a batch; quacks like nats-py's ``Msg`` for our handlers."""
 
-    # _mon_delivered: when an actor got it, set only while someone records calls
+    # _mon_delivered: when the actor's intake took it, set only while someone records
+    # calls (monarch.actors.calls.activity); a batched send gets a deliver span too.
     __slots__ = ("subject", "data", "reply", "headers", "_mon_delivered")
 
     def __init__(self, subject: str, data: bytes, headers: dict[str, str]) -> None:

@@ -153,6 +153,29 @@ class Settings(BaseModel):
     die_with_parent: bool = Field(
         True, description="Have the kernel kill procs whose parent dies (besides heartbeats)."
     )
+    telemetry: bool = Field(
+        False,
+        description="Record per-message spans and metrics and publish them to the "
+        "monarch-<ns>-telemetry stream (`monarch query`; docs/telemetry.md). Off: nothing "
+        "is added per message.",
+    )
+    telemetry_interval: float = Field(
+        1.0, gt=0, description="Seconds between two telemetry batches of a process."
+    )
+    telemetry_batch: int = Field(
+        2000, ge=1, description="Spans a process buffers before it publishes them early."
+    )
+    telemetry_max_bytes: int = Field(
+        64 * 1024 * 1024, gt=0, description="Size limit of the telemetry stream (oldest go first)."
+    )
+    telemetry_max_age: float = Field(
+        3600.0, gt=0, description="Seconds the telemetry stream keeps a batch."
+    )
+    otlp_endpoint: str | None = Field(
+        None,
+        description="OTLP/HTTP endpoint the client exports the job's telemetry to (default: "
+        "OTEL_EXPORTER_OTLP_ENDPOINT); needs the `otel` extra.",
+    )
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:

@@ -28,6 +28,7 @@ REASON = "Mon-Reason"
 PROC = "Mon-Proc"
 STREAM = "Mon-Stream"
 XFER = "Mon-Xfer"
+TRACE = "Mon-Trace"
 
 # name -> what it carries (README "Watching the traffic" shows them on the wire)
 TABLE: dict[str, str] = {
@@ -56,4 +57,6 @@ TABLE: dict[str, str] = {
     PROC: "on a host agent's exit reports: the proc that ended",
     STREAM: "on forwarded output: stdout, stderr or log",
     XFER: "on tensor moves between meshes: the transfer id",
+    TRACE: "only while telemetry is on (MONARCH_TELEMETRY=1): the call's trace id, which "
+    "links its send, deliver, handle and reply spans (monarch.telemetry)",
 }

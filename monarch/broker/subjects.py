@@ -75,6 +75,15 @@ def log(namespace: str, proc_uid: str) -> str:
     return f"mon.{namespace}.log.{proc_uid}"
 
 
+def telemetry(namespace: str, proc_uid: str) -> str:
+    """A process's batches of spans and metric points (``monarch query``)."""
+    return f"mon.{namespace}.tel.{proc_uid}"
+
+
+def telemetry_wildcard(namespace: str) -> str:
+    return f"mon.{namespace}.tel.>"
+
+
 def point_subscriptions(
     namespace: str, mesh_name: str, mesh_uid: str, coords: list[int]
 ) -> list[str]:

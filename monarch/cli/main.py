@@ -124,6 +124,17 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument(
         "--pickle", action="store_true", help="also unpickle pickled values (trusted traffic only)"
     )
+
+    query = sub.add_parser(
+        "query", help='SQL over the telemetry of a namespace: monarch query "SELECT ..."'
+    )
+    _common(query)
+    query.add_argument("sql", nargs="?", default=None, help="the query (SQLite's dialect)")
+    query.add_argument("--tables", action="store_true", help="print the tables and their columns")
+    query.add_argument("--timeout", type=float, default=10.0, help="seconds to read the stream")
+    fmt = query.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print the rows as JSON objects")
+    fmt.add_argument("--csv", action="store_true", help="print the rows as CSV")
     return parser
 
 

@@ -20,6 +20,7 @@ from monarch.job.port_forward import PortForwarder
 from monarch.job.process import ProcessJob
 from monarch.job.shell import shell
 from monarch.job.slurm import SlurmJob
+from monarch.job.telemetry_config import TelemetryConfig
 
 __all__ = [
     "DEFAULT_JOB_PATH",
@@ -29,6 +30,7 @@ __all__ = [
     "PortForwarder",
     "ProcessJob",
     "SlurmJob",
+    "TelemetryConfig",
     "exec_command",
     "hosts_from_config",
     "job_load",

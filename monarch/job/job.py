@@ -14,8 +14,9 @@ schedulers (:mod:`monarch.job.process`, :mod:`monarch.job.slurm`) only start
 them. Subclasses implement four methods: ``_create(client_script)``,
 ``_state() -> JobState``, ``_kill()`` and ``can_run(spec)``.
 
-Not here (Monarch 0.7's telemetry and mesh-admin side services):
-``enable_telemetry``, ``enable_admin``, ``profile``, ``remote_mount``,
+``enable_telemetry(TelemetryConfig(...))`` turns on our telemetry
+(:mod:`monarch.job.telemetry_config`). Not here (Monarch 0.7's mesh-admin
+side services): ``enable_admin``, ``profile``, ``remote_mount``,
 ``gather_mount``; they raise NotImplementedError.
 """
 
@@ -38,6 +39,7 @@ from typing import Any, Literal, NamedTuple
 
 from monarch.actor import HostMesh, this_host
 from monarch.job.command import exec_command
+from monarch.job.telemetry_config import TelemetryConfig, apply_telemetry_config
 
 __all__ = [
     "DEFAULT_JOB_PATH",
@@ -226,8 +228,11 @@ class JobTrait(ABC):
 
     # -- Monarch's side services (not supported here) -------------------------------
 
-    def enable_telemetry(self, *args: Any, **kwargs: Any) -> JobTrait:
-        raise NotImplementedError("job telemetry is not supported by monarch over NATS")
+    def enable_telemetry(self, config: TelemetryConfig | None = None) -> JobTrait:
+        """Record this job's telemetry (``monarch query``; docs/telemetry.md). Before the
+        first mesh: it sets ``MONARCH_TELEMETRY=1`` for the client and its procs."""
+        apply_telemetry_config(config)
+        return self
 
     def enable_admin(self, *args: Any, **kwargs: Any) -> JobTrait:
         raise NotImplementedError("the mesh admin service is not supported by monarch over NATS")

@@ -43,6 +43,8 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from monarch.broker.headers import TRACE
+
 BUCKETS = 32
 BUCKET_BOUNDS_US: list[float] = [float(2**i) for i in range(BUCKETS - 1)] + [float("inf")]
 """Upper bound (exclusive) of each histogram bucket, in microseconds; the last: overflow."""
@@ -73,6 +75,7 @@ class CallRecord(NamedTuple):
     t_started: float
     t_ended: float
     ok: bool
+    trace: str = ""  # the call's Mon-Trace header, set while the caller records telemetry
 
 
 call_listeners: list[Callable[[CallRecord], None]] = []
@@ -372,6 +375,7 @@ def _tell(act: ActorActivity, call: Call, now: float, ok: bool) -> None:
     record = CallRecord(
         act.actor_id, act.mesh, act.mesh_uid, act.rank, call.ep.name, caller_of(call.msg),
         getattr(call.msg, "_mon_delivered", 0.0), wall(call.started), wall(now), ok,
+        (getattr(call.msg, "headers", None) or {}).get(TRACE, ""),
     )  # fmt: skip
     for listener in list(call_listeners):
         try:

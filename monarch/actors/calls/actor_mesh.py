@@ -14,6 +14,7 @@ import collections
 import logging
 import random
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from monarch.actors.calls.actor import class_ref, resolve_class
@@ -21,6 +22,7 @@ from monarch.actors.calls.context import sender_id
 from monarch.actors.calls.endpoint import ActorEndpoint, EndpointProperty, endpoints_of
 from monarch.actors.calls.gather import Gather
 from monarch.actors.calls.instance import ADHOC
+from monarch.actors.calls.tracing import traced_call, traced_cast
 from monarch.actors.errors import (
     MeshStoppedError,
     MessageLostError,
@@ -38,9 +40,11 @@ from monarch.actors.process_state import actor_process
 from monarch.broker import subjects
 from monarch.broker.codec import dumps
 from monarch.broker.ext import register_ext
+from monarch.broker.headers import TRACE
 from monarch.core.future import Future
 from monarch.core.runtime import LocalMsg, Runtime, runtime
 from monarch.rdma.bulk import encode_body
+from monarch.telemetry import recorder as _tel
 
 if TYPE_CHECKING:
     pass
@@ -403,7 +407,10 @@ class ActorMesh(MeshShapeOps, Generic[A]):
         gather: str,
         adhoc: str | None = None,
         flow: bool = True,
+        trace: str | None = None,
     ) -> Any:
+        if _tel.ON and trace is None and flow:  # telemetry off: this check is all it costs
+            return traced_call(self, endpoint, args, kwargs, gather, adhoc)
         if flow:  # a user's call (not a flow marker) learns of earlier losses
             self._state.raise_if_lost()
         body, headers = self._encode(endpoint, args, kwargs, "call", adhoc)
@@ -411,6 +418,9 @@ class ActorMesh(MeshShapeOps, Generic[A]):
         if flow and len(expected) == 1 and gather != "stream":
             headers[m.WAIT] = "one"  # one reply that a caller waits on: busy-poll for it
         g = Gather(self._state, self._view, expected, gather, endpoint)
+        if trace:  # telemetry on (monarch.actors.calls.tracing): the spans of this call join up
+            headers[TRACE] = g.trace = trace
+            g.t_sent = time.time()
         st = self._state
         if not st.send_from_thread(tokens, body, headers, g):
             st.rt.call_soon(st.send, tokens, body, headers, g)
@@ -426,10 +436,15 @@ class ActorMesh(MeshShapeOps, Generic[A]):
         adhoc: str | None = None,
         port: Any = None,
         selection: str = "all",
+        trace: str | None = None,
     ) -> None:
         """Send without gathering; replies (if ``port``) go straight to that port."""
+        if _tel.ON and trace is None:  # telemetry off: this check is all it costs
+            return traced_cast(self, endpoint, args, kwargs, adhoc, port, selection)
         self._state.raise_if_lost()
         body, headers = self._encode(endpoint, args, kwargs, "call" if port else "send", adhoc)
+        if trace:
+            headers[TRACE] = trace
         tokens, _ = self._targets(selection)
         reply = port.subject if port is not None else ""
         self._state.rt.call_soon(self._state.send, tokens, body, headers, None, reply)

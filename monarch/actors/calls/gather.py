@@ -23,6 +23,7 @@ from monarch.actors.messaging.flow import FLOW_ENDPOINT
 from monarch.core.future import Future
 from monarch.core.runtime import LocalMsg
 from monarch.rdma.bulk import fetch_async, is_reference
+from monarch.telemetry import recorder as _tel
 
 if TYPE_CHECKING:  # annotations only: actor_mesh builds on this module
     from nats.aio.msg import Msg
@@ -54,6 +55,10 @@ class Gather:
     ``wrong_sender``, ``no_rank``."""
     _last_warning: dict[str, float] = {}
     _log = logging.getLogger(__name__)
+    # Set by the call while telemetry is on (monarch.actors.calls.tracing): its trace id,
+    # and when it went out, the start of each reply span.
+    trace: str | None = None
+    t_sent = 0.0
 
     def __init__(
         self,
@@ -212,6 +217,10 @@ class Gather:
         except Exception as e:  # an undecodable reply fails the call, not the loop
             ok, value = False, e
         self.values[rank] = value
+        if self.trace is not None:
+            st = self.state
+            _tel.span("reply", self.trace, self.t_sent, time.time(), st.actor_id(rank), st.name,
+                      rank, self.endpoint, ok)  # fmt: skip
         if self.mode == "stream":
             fut = self.futures[self._arrived]
             fut.set_result(value) if ok else fut.set_exception(value)

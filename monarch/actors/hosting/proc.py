@@ -29,6 +29,7 @@ from monarch.actors.hosting.stacks import serve_stacks
 from monarch.actors.hosting.stalls import watch_stalls
 from monarch.actors.hosting.stats import serve_stats
 from monarch.actors.hosting.supervisor import start_supervision
+from monarch.actors.hosting.telemetry import start_telemetry
 from monarch.actors.messaging import messages as m
 from monarch.actors.messaging.loss_recovery import start_loss_recovery
 from monarch.broker.codec import dumps
@@ -53,6 +54,7 @@ async def serve(uid: str, ready: str, url: str) -> None:
         find_actor=lambda actor_id: local_server(rt).find(actor_id),
     )
     debugging.install()  # breakpoint() in an endpoint pauses for `monarch debug`
+    await start_telemetry(rt, client=False)  # MONARCH_TELEMETRY=1 only
     server = local_server(rt)
     register_proc(rt, server.list_actors)  # a registry entry, and answers to `monarch ps`
     await serve_stats(rt)  # what its actors are doing, answered even while the loop is blocked
