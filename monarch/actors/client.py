@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from monarch.actors.hosting.server import local_server
+from monarch.actors.hosting.stats import serve_stats
 from monarch.actors.hosting.supervisor import start_supervision
 from monarch.actors.messaging.loss_recovery import start_loss_recovery
 from monarch.actors.procs.controllers import get_or_spawn_here
@@ -230,6 +231,7 @@ async def _connect_client(rt: Runtime, url: str) -> None:
     # singleton controllers, which only the root hands out.
     server = local_server(rt)
     server.handle("controller", lambda msg: get_or_spawn_here(server, msg))
+    await serve_stats(rt)  # its this_proc() actors, for `monarch top` and `monarch stacks`
 
 
 def _run_loop_forever(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:

@@ -33,6 +33,12 @@ class Settings(BaseModel):
     )
     heartbeat_interval: float = Field(0.5, gt=0, description="Seconds between heartbeats.")
     heartbeat_timeout: float = Field(3.0, gt=0, description="Silence before a peer is dead.")
+    stall_threshold: float = Field(
+        5.0,
+        gt=0,
+        description="Seconds an endpoint call may run before it is reported as stalled "
+        "(one warning at the caller; `monarch top` and the stats answer show it).",
+    )
     pickle: bool = Field(True, description="Allow cloudpickle for values msgpack cannot carry.")
     wire: Literal["msgpack", "json"] = Field("msgpack", description="Body encoding.")
     nats_server: str | None = Field(None, description="Path of the nats-server binary to run.")

@@ -93,3 +93,9 @@ def point_subscriptions(
 def ps_subject(namespace: str) -> str:
     """Every proc answers requests here with what it runs (``monarch ps``)."""
     return f"mon.{namespace}.ctl.ps"
+
+
+def stats_subject(namespace: str) -> str:
+    """Every process with actors answers requests here with what they are doing
+    (``monarch top``; the answer's format: monarch.actors.hosting.stats)."""
+    return f"mon.{namespace}.ctl.stats"

@@ -28,7 +28,8 @@ from monarch.broker.subjects import ps_subject
 log = logging.getLogger(__name__)
 
 
-def _entry(rt: Any) -> dict[str, Any]:
+def proc_entry(rt: Any) -> dict[str, Any]:
+    """Who this process is (``rt``: its Runtime), as the registry and ``monarch ps`` show it."""
     return {
         "uid": rt.proc_uid,
         "pid": os.getpid(),
@@ -47,7 +48,7 @@ def register_proc(rt: Any, list_actors: Callable[[], list[dict[str, Any]]]) -> N
     ``list_actors()`` says what the proc hosts, for ``monarch ps``: one dict per
     actor with ``mesh``, ``mesh_uid``, ``rank``, ``class`` and ``sizes``.
     """
-    entry = _entry(rt)
+    entry = proc_entry(rt)
     body = json.dumps(entry).encode()
 
     def on_ps(msg: Any) -> None:

@@ -54,7 +54,9 @@ class LocalMsg:
     band), so a decoder may use its memory in place instead of copying it.
     """
 
-    __slots__ = ("subject", "data", "reply", "headers", "owned")
+    # _mon_delivered: when an actor got it, set only while someone records calls
+    # (monarch.actors.calls.activity.call_listeners)
+    __slots__ = ("subject", "data", "reply", "headers", "owned", "_mon_delivered")
 
     def __init__(
         self, subject: str, data: Any, reply: str, headers: dict | None, owned: bool = False

@@ -22,6 +22,7 @@ import asyncio
 import contextvars
 import gc
 import logging
+import time
 import traceback as tb
 import weakref
 from collections.abc import Callable
@@ -29,6 +30,8 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
+from monarch.actors.calls import activity
+from monarch.actors.calls.activity import call_listeners
 from monarch.actors.calls.context import Context, CreatorInstance, Instance, set_context
 from monarch.actors.calls.endpoint import EndpointProperty, endpoints_of
 from monarch.actors.calls.mailbox import Job, LoopRunner, ThreadRunner
@@ -120,6 +123,11 @@ class ActorInstance:
         self._done = False  # stop or failure handling has begun
         self._unhandled = False  # __supervise__ left a failure unhandled: the actor fails
         self._sequence = SequenceCheck()  # holes in senders' numbering: lost messages
+        # What it is doing, for viewers (monarch top, monarch stacks, stall reports).
+        self.activity = activity.book.add(
+            self.actor_id, name, uid, rank,
+            getattr(cls, "__qualname__", str(cls)), dict(extent),
+        )  # fmt: skip
         label = f"actor {self.actor_id}"
         if any(not p.is_async for p in self.endpoints.values()):
             self._runner: ThreadRunner | LoopRunner = ThreadRunner(
@@ -166,10 +174,13 @@ class ActorInstance:
         build = on_loop if isinstance(self._runner, LoopRunner) else on_thread
         try:
             self.obj = await self.call_on_actor(build)
-        except BaseException:
+        except BaseException as e:
             self._runner.close()
+            self.activity.failed(f"__init__ raised {type(e).__name__}: {e}")
+            self.activity.stopped()  # it is never served
             raise
         self.info._actor = self.obj
+        self.activity.serving()
 
     def deliver(self, msg: Msg) -> None:
         """Called by the intake, in wire order, on the loop."""
@@ -179,6 +190,11 @@ class ActorInstance:
         headers = msg.headers
         if headers and headers.get(m.KIND) == "sync":
             return  # a sender's count so far: checked, nothing to run
+        if call_listeners:  # someone records calls: when this one arrived
+            try:
+                msg._mon_delivered = time.time()  # type: ignore[attr-defined]
+            except AttributeError:  # a message type with no room for it: time unknown
+                pass
         replies = actor_process(self.rt).replies
         if msg.reply and replies is not None:
             replies.received(msg.reply, self.rank)  # a caller may ask about it later
@@ -258,6 +274,7 @@ class ActorInstance:
             await self._unsubscribe()
             self._close_runner()
             self._release()
+            self.activity.stopped()
             return
         self._done = True
         await self._unsubscribe()
@@ -279,6 +296,7 @@ class ActorInstance:
             await self._cleanup(exc)
         self._close_runner()
         self._release()
+        self.activity.stopped()
         if self.on_stopped is not None:
             self.on_stopped(self)
 
@@ -341,6 +359,7 @@ class ActorInstance:
             return
         self.failed = exc
         log.error("actor %s failed: %r", self.actor_id, exc)
+        self.activity.failed(_failure_reason(self.actor_id, exc))
         self.rt.loop.create_task(self._after_failure(exc))
 
     async def _after_failure(self, exc: BaseException) -> None:
@@ -503,15 +522,20 @@ class ActorInstance:
     def _invoke_sync(self, prop: EndpointProperty, msg: Msg) -> tuple[bool, bytes, int]:
         """Run a sync endpoint: (ok, reply body, this actor's rank where the message was sent)."""
         at = self.rank
+        call = self.activity.begin(prop.name, prop.concurrent, msg)
         try:
             args, kwargs, at = self._prepare(prop, msg)
             result = prop._method(self.obj, *args, **kwargs)
-            return True, self._encode_result(prop, msg, result), at
+            body = self._encode_result(prop, msg, result)
         except BaseException as e:  # SystemExit too: it must not end the actor's thread
+            self.activity.end(call, False)
             return (*self._failure(prop, e), at)
+        self.activity.end(call, True)
+        return True, body, at
 
     async def _invoke_async(self, prop: EndpointProperty, msg: Msg) -> tuple[bool, bytes, int]:
         at = self.rank
+        call = self.activity.begin(prop.name, prop.concurrent, msg)
         try:
             try:
                 data = await fetch_async(msg.data)
@@ -521,11 +545,15 @@ class ActorInstance:
                 ) from e
             args, kwargs, at = self._prepare(prop, msg, data)
             result = await prop._method(self.obj, *args, **kwargs)
-            return True, self._encode_result(prop, msg, result), at
+            body = self._encode_result(prop, msg, result)
         except asyncio.CancelledError:
+            self.activity.end(call, False)
             raise  # the actor is being stopped: its runner's task was cancelled
         except BaseException as e:  # SystemExit too: it must not escape onto the proc's loop
+            self.activity.end(call, False)
             return (*self._failure(prop, e), at)
+        self.activity.end(call, True)
+        return True, body, at
 
     @staticmethod
     def _encode_result(prop: EndpointProperty, msg: Msg, result: Any) -> bytes:
