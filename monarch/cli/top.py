@@ -38,7 +38,9 @@ def run(args: argparse.Namespace) -> int:
     code = app.run()
     if app.exit_message:
         print(app.exit_message, file=sys.stderr)
-    return code if isinstance(code, int) else 0
+    if isinstance(code, int):
+        return code
+    return app.return_code or 0  # non-zero when the app stopped on an error
 
 
 def _once(model: Any, connect_nats: Any) -> int:

@@ -10,7 +10,6 @@ EOF) arrives on stdin, then stops its procs and exits 0.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
@@ -52,8 +51,8 @@ def main() -> int:
         n += 1
         time.sleep(0.02)
     print(f"done after {n} rounds", flush=True)
-    sys.stdout.flush()
-    os._exit(0)  # the sleeping actor would hold a clean stop for its stop timeout
+    # The sleeping actor holds its proc's stop for MONARCH_STOP_TIMEOUT seconds.
+    procs.stop().get(timeout=120)
     return 0
 
 

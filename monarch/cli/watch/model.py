@@ -49,6 +49,14 @@ class Poll:
     stats: dict[str, dict[str, Any]] = field(default_factory=dict)  # proc uid -> stats answer
 
 
+def summary(actor_id: str, reason: str | None) -> str:
+    """A failure's reason in one line: its first, without the actor's id said again."""
+    text = str(reason or "failed").strip()
+    first = text.splitlines()[0] if text else "failed"
+    prefix = f"{actor_id} failed: "
+    return first[len(prefix) :] if first.startswith(prefix) else first
+
+
 class _Endpoint:
     """One endpoint of one actor: its last counters and this interval's differences."""
 
@@ -259,6 +267,7 @@ class WatchModel:
                     "actor_id": actor_id, "mesh": a["mesh"], "mesh_uid": a["mesh_uid"],
                     "rank": a.get("rank", 0), "class": a.get("class", ""), "sizes": a.get("sizes", {}),
                     "proc": proc.uid, "state": state, "failure": a.get("failure"),
+                    "summary": summary(actor_id, a.get("failure")) if a.get("failure") else None,
                     "in_flight": a.get("in_flight") or [],
                 })  # fmt: skip
         return sorted(out, key=lambda a: (a["mesh"], a["mesh_uid"], a["rank"], a["actor_id"]))
@@ -347,9 +356,10 @@ class WatchModel:
     def _failures(self, actors: list[dict[str, Any]]) -> list[dict[str, Any]]:
         seen = {f.get("actor_id") for f in self.failures.values()}
         out = sorted(self.failures.values(), key=lambda f: -float(f.get("time") or 0))
+        out = [{**f, "summary": summary(f.get("actor_id", ""), f.get("reason"))} for f in out]
         for a in actors:  # a failed actor whose proc's recent list no longer has it
             if a["state"] == "failed" and a["actor_id"] not in seen:
-                out.append({"actor_id": a["actor_id"], "reason": a["failure"] or "failed", "time": None, "proc": a["proc"]})  # fmt: skip
+                out.append({"actor_id": a["actor_id"], "reason": a["failure"] or "failed", "summary": a["summary"] or "failed", "time": None, "proc": a["proc"]})  # fmt: skip
         return out
 
     def _stalls(self, actors: list[dict[str, Any]]) -> list[dict[str, Any]]:

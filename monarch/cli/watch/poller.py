@@ -22,13 +22,8 @@ from typing import Any
 from nats.aio.client import Client
 
 from monarch.broker.registry import HeartbeatSeen, list_hosts, list_procs
-from monarch.broker.subjects import ps_subject
+from monarch.broker.subjects import ps_subject, stats_subject
 from monarch.cli.watch.model import Poll, WatchModel
-
-
-def stats_subject(namespace: str) -> str:
-    """Every proc answers requests here with its activity (see monarch.actors.hosting.stats)."""
-    return f"mon.{namespace}.ctl.stats"
 
 
 class Poller:

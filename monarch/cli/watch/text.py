@@ -85,7 +85,7 @@ def actor_label(a: dict[str, Any]) -> Text:
     t = Text(f"{a['mesh']}[{a['rank']}] ")
     t.append(state_text(a["state"]))
     if a.get("failure"):
-        t.append(f"  {a['failure'][:60]}", style="red")
+        t.append(f"  {a['summary']}", style="red")
     return t
 
 
@@ -114,7 +114,7 @@ def problems_table(view: dict[str, Any]) -> Table:
     for col in ("what", "actor / proc", "detail"):
         table.add_column(col)
     for f in view["failures"]:
-        table.add_row(state_text("failed"), f["actor_id"], str(f.get("reason", ""))[:100])
+        table.add_row(state_text("failed"), f["actor_id"], f["summary"])
     for s in view["stalls"]:
         who = s["actor_id"] or f"proc {s['proc']} (loop)"
         what = f"{s['endpoint']} running {fmt_seconds(s['seconds'])}" if s["endpoint"] else f"loop blocked {fmt_seconds(s['seconds'])}"  # fmt: skip

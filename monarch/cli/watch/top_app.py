@@ -28,7 +28,7 @@ from monarch.cli.watch.poller import Poller
 SORTS = ("name", "rate", "p99", "errors", "in_flight")
 HELP = (
     "q quit   arrows move   enter expand/collapse   r refresh now   "
-    "s sort endpoints   f filter (meshes, endpoints)   ? help   esc close"
+    "s sort endpoints   f filter (meshes, endpoints)   ? help on/off   esc close"
 )
 ENDED_LINGER = 3.0  # seconds "job ended" stays on screen before the app exits
 
@@ -38,6 +38,7 @@ class TopApp(App):
 
     CSS = """
     #status { height: 2; padding: 0 1; }
+    #main { height: 1fr; }
     #tree { width: 46%; border: round $primary; }
     #right { width: 54%; }
     #endpoints { height: 2fr; border: round $primary; }
@@ -71,7 +72,7 @@ class TopApp(App):
     def compose(self) -> ComposeResult:
         yield Static("connecting...", id="status")
         yield Static(HELP, id="help")
-        with Horizontal():
+        with Horizontal(id="main"):
             yield Tree(f"namespace {self.model.namespace}", id="tree")
             with Vertical(id="right"):
                 yield DataTable(id="endpoints", cursor_type="row")
@@ -158,6 +159,8 @@ class TopApp(App):
                     nodes.append((("m", p["uid"], m["uid"]), fmt.mesh_label(m), {"kind": "mesh", "actors": ids}, 3))  # fmt: skip
                     for a in m["actors"]:
                         nodes.append((("a", a["actor_id"]), fmt.actor_label(a), {"kind": "actor", "actors": [a["actor_id"]]}, 4))  # fmt: skip
+        for key, _, data, _ in nodes:
+            data["key"] = key
         shape = [(key, depth) for key, _, _, depth in nodes]
         if shape == self._shape:  # same structure: relabel in place, the cursor stays put
             for node, (_, label, data, _) in zip(self._tree_nodes, nodes):
@@ -170,7 +173,6 @@ class TopApp(App):
         parents = {0: tree.root}
         self._tree_nodes = []
         for key, label, data, depth in nodes:
-            data["key"] = key
             node = parents[depth - 1].add(label, data=data, expand=key not in collapsed, allow_expand=depth < 4)  # fmt: skip
             parents[depth] = node
             self._tree_nodes.append(node)
@@ -220,7 +222,7 @@ class TopApp(App):
         table = self.query_one("#problems", DataTable)
         table.clear()
         for f in view["failures"]:
-            table.add_row(fmt.state_text("failed"), f["actor_id"], str(f.get("reason", ""))[:120])
+            table.add_row(fmt.state_text("failed"), f["actor_id"], f["summary"])
         for s in view["stalls"]:
             who = s["actor_id"] or f"proc {s['proc']} (loop)"
             detail = f"{s['endpoint']} running {fmt.fmt_seconds(s['seconds'])}" if s["endpoint"] else f"loop blocked {fmt.fmt_seconds(s['seconds'])}"  # fmt: skip
