@@ -140,3 +140,17 @@ def test_top_says_job_ended_and_exits(nats_url):
     finally:
         t.close()
         j.end()
+
+
+def test_top_with_no_broker_there_is_a_clear_error(nats_url):
+    from monarch.broker.server import free_port
+
+    env = watch_env(f"nats://127.0.0.1:{free_port()}", "nobroker")
+    for extra in ([], ["--once"]):
+        out = subprocess.run(
+            [sys.executable, "-m", "monarch.cli.main", "top", *extra, "--connect-timeout", "2"],
+            cwd=ROOT, env={**env, "TERM": "dumb"}, capture_output=True, text=True, timeout=120,
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert out.returncode == 1, (extra, out.stderr)
+        assert "cannot reach the NATS broker" in out.stderr and "Traceback" not in out.stderr
