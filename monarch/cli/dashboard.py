@@ -42,8 +42,15 @@ def run(args: argparse.Namespace) -> int:
         return 1
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    where = "this machine only" if host in ("127.0.0.1", "::1", "localhost") else "reachable from the network"  # fmt: skip
-    print(f"monarch dashboard: http://{shown}:{port}/ ({where}; namespace {ns}; Ctrl-C stops)", flush=True)  # fmt: skip
+    where = (
+        "this machine only"
+        if host in ("127.0.0.1", "::1", "localhost")
+        else "reachable from the network"
+    )
+    print(
+        f"monarch dashboard: http://{shown}:{port}/ ({where}; namespace {ns}; Ctrl-C stops)",
+        flush=True,
+    )
     config = uvicorn.Config(create_app(connect_nats, model), log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     try:

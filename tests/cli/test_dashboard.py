@@ -26,13 +26,20 @@ from tests.hosts.agents import ROOT
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 needs_chromium = pytest.mark.skipif(
-    not os.path.exists(CHROMIUM), reason="no /usr/bin/chromium to load the page in (apt install chromium)"
-)  # fmt: skip
+    not os.path.exists(CHROMIUM),
+    reason="no /usr/bin/chromium to load the page in (apt install chromium)",
+)
 
 
 class Dashboard:
@@ -40,14 +47,20 @@ class Dashboard:
 
     def __init__(self, env: dict[str, str]) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "monarch.cli.main", "dashboard", "--port", "0"], cwd=ROOT,
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            [sys.executable, "-m", "monarch.cli.main", "dashboard", "--port", "0"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         line = self.proc.stdout.readline()  # type: ignore[union-attr]
         m = re.search(r"(http://127\.0\.0\.1:\d+/)", line)
         if m is None:
             self.stop()
-            raise AssertionError(f"no URL from monarch dashboard: {line!r} {self.proc.stderr.read()}")  # type: ignore[union-attr]  # fmt: skip
+            raise AssertionError(
+                f"no URL from monarch dashboard: {line!r} {self.proc.stderr.read()}"
+            )  # type: ignore[union-attr]
         self.url = m.group(1)
 
     def api(self, path: str = "api/model") -> dict:
@@ -69,9 +82,11 @@ class Dashboard:
 def chromium(tmp_path: Path, *args: str) -> str:
     profile = tmp_path / ("profile-" + uuid.uuid4().hex[:6])
     out = subprocess.run(
-        [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args], capture_output=True, text=True,
+        [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args],
+        capture_output=True,
+        text=True,
         timeout=120,
-    )  # fmt: skip
+    )
     return out.stdout
 
 
@@ -87,7 +102,13 @@ def wait_api(dash: Dashboard, ok, what: str, timeout: float = 90) -> dict:  # ty
 
 
 def _states(model: dict) -> set[str]:
-    return {a["state"] for h in model["hosts"] for p in h["procs"] for m in p["meshes"] for a in m["actors"]}  # fmt: skip
+    return {
+        a["state"]
+        for h in model["hosts"]
+        for p in h["procs"]
+        for m in p["meshes"]
+        for a in m["actors"]
+    }
 
 
 @needs_chromium
@@ -95,8 +116,14 @@ def test_dashboard_page_shows_the_job_and_draws_plots(nats_url, tmp_path):
     job = Job(nats_url)
     dash = Dashboard(job.env)
     try:
-        model = wait_api(dash, lambda m: {"serving", "stalled", "failed"} <= _states(m) and any(
-            s["rate"] and s["rate"][-1] for s in m["history"]["endpoints"]), "the states and a rate")  # fmt: skip
+        model = wait_api(
+            dash,
+            lambda m: (
+                {"serving", "stalled", "failed"} <= _states(m)
+                and any(s["rate"] and s["rate"][-1] for s in m["history"]["endpoints"])
+            ),
+            "the states and a rate",
+        )
         assert dash.api("api/history")["endpoints"]
         assert nats_url.split("//")[-1] not in json.dumps(model)  # no broker address (nor token)
         dom = chromium(tmp_path, "--dump-dom", "--virtual-time-budget=8000", dash.url)
@@ -106,7 +133,13 @@ def test_dashboard_page_shows_the_job_and_draws_plots(nats_url, tmp_path):
             assert f'class="state {state}"' in dom
         assert dom.count('class="main-svg"') >= 4  # Plotly drew the plots
         shot = artefact_dir(tmp_path) / "dashboard.png"
-        chromium(tmp_path, f"--screenshot={shot}", "--window-size=1400,1000", "--virtual-time-budget=8000", dash.url)  # fmt: skip
+        chromium(
+            tmp_path,
+            f"--screenshot={shot}",
+            "--window-size=1400,1000",
+            "--virtual-time-budget=8000",
+            dash.url,
+        )
         assert shot.stat().st_size > 10_000
         print(f"\nmonarch dashboard screenshot saved: {shot}")
 
@@ -127,9 +160,13 @@ def test_dashboard_port_in_use_is_a_clear_error(nats_url):
     try:
         port = first.url.rsplit(":", 1)[1].strip("/")
         out = subprocess.run(
-            [sys.executable, "-m", "monarch.cli.main", "dashboard", "--port", port], cwd=ROOT,
-            env=env, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            [sys.executable, "-m", "monarch.cli.main", "dashboard", "--port", port],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 1
         assert f"cannot listen on 127.0.0.1:{port}" in out.stderr and "Traceback" not in out.stderr
         assert first.api()["status"] == "waiting"  # no job in that namespace

@@ -40,9 +40,13 @@ class Tmux:
 
     def tmux(self, *args: str) -> str:
         return subprocess.run(
-            ["tmux", "-L", self.socket, *args], env=self.env, capture_output=True, text=True,
-            timeout=30, check=True,
-        ).stdout  # fmt: skip
+            ["tmux", "-L", self.socket, *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
 
     def screen(self) -> str:
         return self.tmux("capture-pane", "-p", "-t", "top")
@@ -100,8 +104,10 @@ def test_top_shows_the_job_and_answers_keys(job, tmp_path):
         t.keys("-l", "workers")
         t.keys("Enter")
         screen = t.wait_for(lambda s: "filter: 'workers'" in s, "the filter applied")
-        t.wait_for(lambda s: "mesh workers" in s and "mesh sleepy" not in s and "mesh doomed" not in s,
-                   "only the workers mesh in the tree")  # fmt: skip
+        t.wait_for(
+            lambda s: "mesh workers" in s and "mesh sleepy" not in s and "mesh doomed" not in s,
+            "only the workers mesh in the tree",
+        )
         t.keys("q")
         screen = t.wait_for(lambda s: "TOP-EXIT=" in s, "top exiting on q")
         assert "TOP-EXIT=0" in screen and "Traceback" not in screen
@@ -111,20 +117,36 @@ def test_top_shows_the_job_and_answers_keys(job, tmp_path):
 
 def test_top_once_prints_a_snapshot(job):
     out = subprocess.run(
-        [sys.executable, "-m", "monarch.cli.main", "top", "--once"], cwd=ROOT, env=job.env,
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [sys.executable, "-m", "monarch.cli.main", "top", "--once"],
+        cwd=ROOT,
+        env=job.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
-    for word in ("mesh workers", "mesh sleepy", "mesh doomed", "serving", "stalled", "failed", "ENDPOINTS"):  # fmt: skip
+    for word in (
+        "mesh workers",
+        "mesh sleepy",
+        "mesh doomed",
+        "serving",
+        "stalled",
+        "failed",
+        "ENDPOINTS",
+    ):
         assert word in out.stdout
 
 
 def test_top_once_without_a_job_says_so(nats_url):
     env = watch_env(nats_url, "nojob" + uuid.uuid4().hex[:8])
     out = subprocess.run(
-        [sys.executable, "-m", "monarch.cli.main", "top", "--once"], cwd=ROOT, env=env,
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [sys.executable, "-m", "monarch.cli.main", "top", "--once"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 1
     assert "waiting for a job: no proc answers" in out.stderr and "Traceback" not in out.stderr
 
@@ -135,7 +157,9 @@ def test_top_says_job_ended_and_exits(nats_url):
     try:
         t.wait_for(whole_job_shown, "the job", timeout=90)
         assert j.end() == 0
-        screen = t.wait_for(lambda s: "TOP-EXIT=" in s, "top exiting after the job ended", timeout=90)
+        screen = t.wait_for(
+            lambda s: "TOP-EXIT=" in s, "top exiting after the job ended", timeout=90
+        )
         assert "job ended" in screen and "TOP-EXIT=0" in screen and "Traceback" not in screen
     finally:
         t.close()
@@ -149,8 +173,12 @@ def test_top_with_no_broker_there_is_a_clear_error(nats_url):
     for extra in ([], ["--once"]):
         out = subprocess.run(
             [sys.executable, "-m", "monarch.cli.main", "top", *extra, "--connect-timeout", "2"],
-            cwd=ROOT, env={**env, "TERM": "dumb"}, capture_output=True, text=True, timeout=120,
+            cwd=ROOT,
+            env={**env, "TERM": "dumb"},
+            capture_output=True,
+            text=True,
+            timeout=120,
             stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
         assert out.returncode == 1, (extra, out.stderr)
         assert "cannot reach the NATS broker" in out.stderr and "Traceback" not in out.stderr

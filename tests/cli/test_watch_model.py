@@ -18,24 +18,56 @@ def hist_of(*durations: tuple[float, int]) -> list[int]:
     return h
 
 
-def actor(rank: int, state: str = "serving", calls: int = 0, hist=None, mesh: str = "workers",
-          in_flight=(), failure=None, errors: int = 0) -> dict:  # fmt: skip
+def actor(
+    rank: int,
+    state: str = "serving",
+    calls: int = 0,
+    hist=None,
+    mesh: str = "workers",
+    in_flight=(),
+    failure=None,
+    errors: int = 0,
+) -> dict:
     return {
-        "actor_id": f"{mesh}-m1[{rank}]", "mesh": mesh, "mesh_uid": f"{mesh}-uid", "rank": rank,
-        "class": "Worker", "sizes": {"gpus": 2}, "state": state, "failure": failure,
-        "endpoints": {"ping": {"calls": calls, "errors": errors, "in_flight": len(in_flight),
-                               "hist": hist or [0] * BUCKETS}},
+        "actor_id": f"{mesh}-m1[{rank}]",
+        "mesh": mesh,
+        "mesh_uid": f"{mesh}-uid",
+        "rank": rank,
+        "class": "Worker",
+        "sizes": {"gpus": 2},
+        "state": state,
+        "failure": failure,
+        "endpoints": {
+            "ping": {
+                "calls": calls,
+                "errors": errors,
+                "in_flight": len(in_flight),
+                "hist": hist or [0] * BUCKETS,
+            }
+        },
         "in_flight": list(in_flight),
-    }  # fmt: skip
+    }
 
 
-def stats(uid: str, t: float, actors: list, cpu: float = 0.0, stall: float = 0.0, failures=()) -> dict:  # fmt: skip
+def stats(
+    uid: str, t: float, actors: list, cpu: float = 0.0, stall: float = 0.0, failures=()
+) -> dict:
     return {
-        "uid": uid, "pid": 100, "hostname": "box", "host_uid": None, "rank": 0, "root": "client",
-        "time": t, "cpu_seconds": cpu, "rss_bytes": 200 * 2**20, "threads": 7,
-        "loop_stall": stall, "stall_threshold": 1.0, "actors": actors,
+        "uid": uid,
+        "pid": 100,
+        "hostname": "box",
+        "host_uid": None,
+        "rank": 0,
+        "root": "client",
+        "time": t,
+        "cpu_seconds": cpu,
+        "rss_bytes": 200 * 2**20,
+        "threads": 7,
+        "loop_stall": stall,
+        "stall_threshold": 1.0,
+        "actors": actors,
         "recent_failures": list(failures),
-    }  # fmt: skip
+    }
 
 
 def poll(t: float, *docs: dict, connected: bool = True, registered=None) -> Poll:
@@ -45,7 +77,9 @@ def poll(t: float, *docs: dict, connected: bool = True, registered=None) -> Poll
 
 def test_rates_latencies_and_cpu_come_from_the_difference_of_two_answers():
     m = WatchModel("ns")
-    m.ingest(poll(10.0, stats("p0", 1000.0, [actor(0, calls=100, hist=hist_of((0.001, 100)))], cpu=1.0)))  # fmt: skip
+    m.ingest(
+        poll(10.0, stats("p0", 1000.0, [actor(0, calls=100, hist=hist_of((0.001, 100)))], cpu=1.0))
+    )
     first = m.view()
     assert first["endpoints"][0]["rate"] is None  # one answer: no rate yet
     later = hist_of((0.001, 100), (0.001, 150), (0.1, 50))
@@ -65,9 +99,16 @@ def test_rates_latencies_and_cpu_come_from_the_difference_of_two_answers():
 
 def test_endpoints_of_several_actors_add_up_per_mesh():
     m = WatchModel("ns")
-    m.ingest(poll(1.0, stats("p0", 1.0, [actor(0, calls=0)]), stats("p1", 1.0, [actor(1, calls=0)])))  # fmt: skip
-    m.ingest(poll(2.0, stats("p0", 2.0, [actor(0, calls=10, hist=hist_of((0.01, 10)))]),
-                  stats("p1", 2.0, [actor(1, calls=30, hist=hist_of((0.01, 30)))])))  # fmt: skip
+    m.ingest(
+        poll(1.0, stats("p0", 1.0, [actor(0, calls=0)]), stats("p1", 1.0, [actor(1, calls=0)]))
+    )
+    m.ingest(
+        poll(
+            2.0,
+            stats("p0", 2.0, [actor(0, calls=10, hist=hist_of((0.01, 10)))]),
+            stats("p1", 2.0, [actor(1, calls=30, hist=hist_of((0.01, 30)))]),
+        )
+    )
     (ep,) = m.view()["endpoints"]
     assert ep["rate"] == 40.0 and ep["actors"] == 2 and ep["calls"] == 40
     only_rank1 = [r for r in m.view()["actor_endpoints"] if r["rank"] == 1]
@@ -76,14 +117,22 @@ def test_endpoints_of_several_actors_add_up_per_mesh():
 
 def test_states_failures_and_stalls_are_reported():
     call = {"endpoint": "sleep", "seconds": 42.0, "caller": "client", "stalled": True}
-    doc = stats("p0", 5.0, [
-        actor(0, state="stalled", mesh="sleepy", in_flight=[call]),
-        actor(1, state="failed", mesh="doomed", failure="RuntimeError: boom"),
-    ], stall=3.0, failures=[{"actor_id": "doomed-m1[1]", "reason": "RuntimeError: boom", "time": 4.0}])  # fmt: skip
+    doc = stats(
+        "p0",
+        5.0,
+        [
+            actor(0, state="stalled", mesh="sleepy", in_flight=[call]),
+            actor(1, state="failed", mesh="doomed", failure="RuntimeError: boom"),
+        ],
+        stall=3.0,
+        failures=[{"actor_id": "doomed-m1[1]", "reason": "RuntimeError: boom", "time": 4.0}],
+    )
     m = WatchModel("ns")
     m.ingest(poll(5.0, doc))
     view = m.view()
-    states = {a["mesh"]: a["state"] for m_ in view["hosts"][0]["procs"][0]["meshes"] for a in m_["actors"]}  # fmt: skip
+    states = {
+        a["mesh"]: a["state"] for m_ in view["hosts"][0]["procs"][0]["meshes"] for a in m_["actors"]
+    }
     assert states == {"sleepy": "stalled", "doomed": "failed"}
     assert [f["reason"] for f in view["failures"]] == ["RuntimeError: boom"]
     whats = {(s["what"], s["endpoint"]) for s in view["stalls"]}
@@ -102,7 +151,13 @@ def test_a_proc_that_stops_answering_is_silent_and_then_the_job_ended():
     view = m.view()
     procs = {p["uid"]: p["state"] for h in view["hosts"] for p in h["procs"]}
     assert procs == {"a": "up", "b": "silent"}
-    actors = {a_["mesh"]: a_["state"] for h in view["hosts"] for p in h["procs"] for m_ in p["meshes"] for a_ in m_["actors"]}  # fmt: skip
+    actors = {
+        a_["mesh"]: a_["state"]
+        for h in view["hosts"]
+        for p in h["procs"]
+        for m_ in p["meshes"]
+        for a_ in m_["actors"]
+    }
     assert actors == {"left": "serving", "right": "failed"}  # a failure stays a failure
     assert view["status"] == "live" and view["totals"]["silent"] == 1
     m.ingest(poll(3.0, registered=[]))
@@ -116,7 +171,17 @@ def test_a_proc_that_stops_answering_is_silent_and_then_the_job_ended():
 def test_history_is_bounded_in_time():
     m = WatchModel("ns", history_seconds=5.0)
     for i in range(20):
-        m.ingest(poll(float(i), stats("p0", float(i), [actor(0, calls=10 * i, hist=hist_of((0.001, 10 * i)))], cpu=0.1 * i)))  # fmt: skip
+        m.ingest(
+            poll(
+                float(i),
+                stats(
+                    "p0",
+                    float(i),
+                    [actor(0, calls=10 * i, hist=hist_of((0.001, 10 * i)))],
+                    cpu=0.1 * i,
+                ),
+            )
+        )
     hist = m.history()
     (series,) = hist["endpoints"]
     assert series["mesh"] == "workers" and series["endpoint"] == "ping"
@@ -141,3 +206,12 @@ def test_procs_of_a_host_agent_hang_under_it_and_restarted_counters_are_not_nega
     (host,) = view["hosts"]
     assert (host["kind"], host["name"], host["procs"][0]["uid"]) == ("agent", "node-a", "p0")
     assert view["endpoints"][0]["rate"] is None
+
+
+def test_endpoints_of_actors_that_went_away_are_forgotten():
+    m = WatchModel("ns")
+    m.ingest(poll(1.0, stats("p0", 1.0, [actor(0, calls=1), actor(1, mesh="old", calls=1)])))
+    assert {r["mesh"] for r in m.view()["endpoints"]} == {"workers", "old"}
+    m.ingest(poll(2.0, stats("p0", 2.0, [actor(0, calls=2)])))
+    assert {r["mesh"] for r in m.view()["endpoints"]} == {"workers"}
+    assert len(m.procs["p0"].endpoints) == 1

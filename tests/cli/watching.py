@@ -35,9 +35,14 @@ class Job:
         self.namespace = "watch" + uuid.uuid4().hex[:8]
         self.env = watch_env(nats_url, self.namespace)
         self.proc = subprocess.Popen(
-            [sys.executable, str(JOB)], cwd=ROOT, env=self.env, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+            [sys.executable, str(JOB)],
+            cwd=ROOT,
+            env=self.env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         deadline = time.monotonic() + 120
         seen = []
         while time.monotonic() < deadline:

@@ -24,16 +24,16 @@ with its job), the job has ``ended``.
 from __future__ import annotations
 
 import collections
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from monarch.actors.calls.activity import BUCKETS, percentile
+from monarch.cli.watch.counters import ProcRecord, aggregate, summary
 
 ACTOR_STATES = ("starting", "serving", "stalled", "failed", "stopped")
 """What an actor can be, as its proc reports it; the views add ``silent`` and ``unknown``."""
 
 MAX_FAILURES = 100  # failures kept for the views, newest first
+SERIES = ("rate", "p50", "p99", "in_flight", "error_rate")  # kept over time per mesh endpoint
 FORGET_SILENT = 60.0  # seconds a silent, deregistered proc stays shown
 
 
@@ -47,101 +47,6 @@ class Poll:
     registered: list[dict[str, Any]] = field(default_factory=list)  # registry proc entries
     ps: dict[str, dict[str, Any]] = field(default_factory=dict)  # proc uid -> ps answer
     stats: dict[str, dict[str, Any]] = field(default_factory=dict)  # proc uid -> stats answer
-
-
-def summary(actor_id: str, reason: str | None) -> str:
-    """A failure's reason in one line: its first, without the actor's id said again."""
-    text = str(reason or "failed").strip()
-    first = text.splitlines()[0] if text else "failed"
-    prefix = f"{actor_id} failed: "
-    return first[len(prefix) :] if first.startswith(prefix) else first
-
-
-class _Endpoint:
-    """One endpoint of one actor: its last counters and this interval's differences."""
-
-    __slots__ = ("calls", "errors", "hist", "t", "rate", "error_rate", "d_hist", "in_flight")
-
-    def __init__(self) -> None:
-        self.calls = self.errors = self.in_flight = 0
-        self.hist = [0] * BUCKETS
-        self.t: float | None = None
-        self.rate: float | None = None
-        self.error_rate: float | None = None
-        self.d_hist = [0] * BUCKETS
-
-    def update(self, doc: dict[str, Any], t: float) -> None:
-        calls, errors = int(doc.get("calls", 0)), int(doc.get("errors", 0))
-        hist = list(doc.get("hist") or [0] * BUCKETS)
-        if self.t is not None and t > self.t and calls >= self.calls:
-            dt = t - self.t
-            self.rate = (calls - self.calls) / dt
-            self.error_rate = max(0, errors - self.errors) / dt
-            self.d_hist = [max(0, a - b) for a, b in zip(hist, self.hist)]
-        elif self.t is not None and calls < self.calls:  # counters restarted: a new actor
-            self.rate = self.error_rate = None
-            self.d_hist = [0] * BUCKETS
-        self.calls, self.errors, self.hist, self.t = calls, errors, hist, t
-        self.in_flight = int(doc.get("in_flight", 0))
-
-
-class _Proc:
-    """One proc: what it last said, and its CPU/memory over time."""
-
-    def __init__(self, uid: str) -> None:
-        self.uid = uid
-        self.info: dict[str, Any] = {"uid": uid}
-        self.stats: dict[str, Any] | None = None
-        self.ps: dict[str, Any] | None = None
-        self.answered = False
-        self.last_seen = 0.0
-        self.cpu_pct: float | None = None
-        self._cpu: tuple[float, float] | None = None  # (cpu_seconds, time) of the last answer
-        self.history: collections.deque = collections.deque()  # (t, cpu %, rss bytes)
-
-    def took_stats(self, doc: dict[str, Any], now: float) -> None:
-        t = float(doc.get("time") or now)
-        cpu = doc.get("cpu_seconds")
-        if cpu is not None:
-            if self._cpu is not None and t > self._cpu[1]:
-                self.cpu_pct = max(0.0, 100.0 * (float(cpu) - self._cpu[0]) / (t - self._cpu[1]))
-            self._cpu = (float(cpu), t)
-        self.stats = doc
-        self.history.append((now, self.cpu_pct, doc.get("rss_bytes")))
-
-
-def aggregate(rows: list[dict[str, Any]], key: tuple[str, ...] = ("mesh_uid", "endpoint")) -> list[dict[str, Any]]:  # fmt: skip
-    """Sum per-actor endpoint rows (``actor_endpoints`` of a view) into one row per ``key``.
-
-    Rates and in-flight counts add up; p50/p99 come from the summed interval
-    histograms (``None`` when no call finished in the interval), ``p50_all``
-    and ``p99_all`` from the summed cumulative ones.
-    """
-    groups: dict[tuple, list[dict[str, Any]]] = {}
-    for row in rows:
-        groups.setdefault(tuple(row[k] for k in key), []).append(row)
-    out = []
-    for members in groups.values():
-        first = members[0]
-        d_hist = [sum(col) for col in zip(*(m["d_hist"] for m in members))]
-        hist = [sum(col) for col in zip(*(m["hist"] for m in members))]
-        rates = [m["rate"] for m in members if m["rate"] is not None]
-        out.append({
-            "mesh": first["mesh"],
-            "mesh_uid": first["mesh_uid"],
-            "endpoint": first["endpoint"],
-            "actors": len(members),
-            "rate": sum(rates) if rates else None,
-            "error_rate": sum(m["error_rate"] or 0.0 for m in members) if rates else None,
-            "in_flight": sum(m["in_flight"] for m in members),
-            "calls": sum(m["calls"] for m in members),
-            "errors": sum(m["errors"] for m in members),
-            "p50": percentile(d_hist, 0.5) if any(d_hist) else None,
-            "p99": percentile(d_hist, 0.99) if any(d_hist) else None,
-            "p50_all": percentile(hist, 0.5) if any(hist) else None,
-            "p99_all": percentile(hist, 0.99) if any(hist) else None,
-        })  # fmt: skip
-    return sorted(out, key=lambda r: (r["mesh"], r["mesh_uid"], r["endpoint"]))
 
 
 class WatchModel:
@@ -158,9 +63,8 @@ class WatchModel:
         self.interval = interval
         self.history_seconds = history_seconds
         self.ended_after = ended_after
-        self.procs: dict[str, _Proc] = {}
+        self.procs: dict[str, ProcRecord] = {}
         self.hosts: list[dict[str, Any]] = []
-        self.endpoints: dict[tuple[str, str], _Endpoint] = {}
         self.series: dict[tuple[str, str], collections.deque] = {}  # (mesh uid, endpoint) -> points
         self.failures: dict[tuple[str, float], dict[str, Any]] = {}
         self.connected = False
@@ -180,7 +84,7 @@ class WatchModel:
         registered = {p["uid"]: p for p in poll.registered if p.get("uid")}
         answering = set(poll.ps) | set(poll.stats)
         for uid in set(registered) | answering:
-            proc = self.procs.setdefault(uid, _Proc(uid))
+            proc = self.procs.setdefault(uid, ProcRecord(uid))
             proc.info.update(registered.get(uid, {}))
             proc.answered = uid in answering
             if proc.answered:
@@ -190,11 +94,15 @@ class WatchModel:
                 proc.info.update({k: v for k, v in poll.ps[uid].items() if k != "actors"})
             if uid in poll.stats:
                 doc = poll.stats[uid]
-                proc.info.update({k: doc[k] for k in ("pid", "hostname", "host_uid", "rank", "root") if k in doc})  # fmt: skip
+                proc.info.update(
+                    {k: doc[k] for k in ("pid", "hostname", "host_uid", "rank", "root") if k in doc}
+                )
                 proc.took_stats(doc, now)
-                self._take_actors(uid, doc, now)
                 for f in doc.get("recent_failures") or ():
-                    self.failures[(f.get("actor_id", ""), float(f.get("time") or 0))] = {**f, "proc": uid}  # fmt: skip
+                    self.failures[(f.get("actor_id", ""), float(f.get("time") or 0))] = {
+                        **f,
+                        "proc": uid,
+                    }
         for uid, proc in list(self.procs.items()):
             if uid not in answering:
                 proc.answered = False
@@ -208,17 +116,11 @@ class WatchModel:
         self._rows = self._actor_endpoint_rows()
         self._record(now)
 
-    def _take_actors(self, uid: str, doc: dict[str, Any], now: float) -> None:
-        t = float(doc.get("time") or now)
-        for actor in doc.get("actors") or ():
-            for name, ep in (actor.get("endpoints") or {}).items():
-                self.endpoints.setdefault((actor["actor_id"], name), _Endpoint()).update(ep, t)
-
     def _record(self, now: float) -> None:
         horizon = now - self.history_seconds
         for row in aggregate(self._rows):
             points = self.series.setdefault((row["mesh_uid"], row["endpoint"]), collections.deque())
-            points.append((now, row["mesh"], row["rate"], row["p50"], row["p99"], row["in_flight"], row["error_rate"]))  # fmt: skip
+            points.append((now, row["mesh"], *(row[k] for k in SERIES)))
         for key, points in list(self.series.items()):
             while points and points[0][0] < horizon:
                 points.popleft()
@@ -243,7 +145,9 @@ class WatchModel:
         """One line for a person: where we listen and what we hear."""
         subject = f"mon.{self.namespace}.ctl.stats"
         if self.status == "waiting":
-            return f"waiting for a job: no proc answers on {subject}" + ("" if self.connected else " (broker unreachable)")  # fmt: skip
+            return f"waiting for a job: no proc answers on {subject}" + (
+                "" if self.connected else " (broker unreachable)"
+            )
         if self.status == "ended":
             why = "the broker went away" if not self.connected else "no proc answers any more"
             return f"job ended: {why} (namespace {self.namespace})"
@@ -263,44 +167,70 @@ class WatchModel:
                 state = a.get("state", "unknown")
                 if not proc.answered and state not in ("failed", "stopped"):
                     state = "silent"
-                out.append({
-                    "actor_id": actor_id, "mesh": a["mesh"], "mesh_uid": a["mesh_uid"],
-                    "rank": a.get("rank", 0), "class": a.get("class", ""), "sizes": a.get("sizes", {}),
-                    "proc": proc.uid, "state": state, "failure": a.get("failure"),
-                    "summary": summary(actor_id, a.get("failure")) if a.get("failure") else None,
-                    "in_flight": a.get("in_flight") or [],
-                })  # fmt: skip
+                out.append(
+                    {
+                        "actor_id": actor_id,
+                        "mesh": a["mesh"],
+                        "mesh_uid": a["mesh_uid"],
+                        "rank": a.get("rank", 0),
+                        "class": a.get("class", ""),
+                        "sizes": a.get("sizes", {}),
+                        "proc": proc.uid,
+                        "state": state,
+                        "failure": a.get("failure"),
+                        "summary": summary(actor_id, a.get("failure"))
+                        if a.get("failure")
+                        else None,
+                        "in_flight": a.get("in_flight") or [],
+                    }
+                )
         return sorted(out, key=lambda a: (a["mesh"], a["mesh_uid"], a["rank"], a["actor_id"]))
 
     def _actor_endpoint_rows(self) -> list[dict[str, Any]]:
         rows = []
         for a in self.actors():
             proc = self.procs[a["proc"]]
-            eps = ((proc.stats or {}).get("actors") or [])
-            names = next((x.get("endpoints") or {} for x in eps if x.get("actor_id") == a["actor_id"]), {})  # fmt: skip
+            eps = (proc.stats or {}).get("actors") or []
+            names = next(
+                (x.get("endpoints") or {} for x in eps if x.get("actor_id") == a["actor_id"]), {}
+            )
             for name in names:
-                ep = self.endpoints.get((a["actor_id"], name))
+                ep = proc.endpoints.get((a["actor_id"], name))
                 if ep is None:
                     continue
-                rows.append({
-                    "actor_id": a["actor_id"], "mesh": a["mesh"], "mesh_uid": a["mesh_uid"],
-                    "rank": a["rank"], "proc": a["proc"], "endpoint": name,
-                    "rate": ep.rate if proc.answered else None, "error_rate": ep.error_rate,
-                    "in_flight": ep.in_flight, "calls": ep.calls, "errors": ep.errors,
-                    "d_hist": ep.d_hist, "hist": ep.hist,
-                })  # fmt: skip
+                rows.append(
+                    {
+                        "actor_id": a["actor_id"],
+                        "mesh": a["mesh"],
+                        "mesh_uid": a["mesh_uid"],
+                        "rank": a["rank"],
+                        "proc": a["proc"],
+                        "endpoint": name,
+                        "rate": ep.rate if proc.answered else None,
+                        "error_rate": ep.error_rate,
+                        "in_flight": ep.in_flight,
+                        "calls": ep.calls,
+                        "errors": ep.errors,
+                        "d_hist": ep.d_hist,
+                        "hist": ep.hist,
+                    }
+                )
         return rows
 
-    def proc_view(self, proc: _Proc) -> dict[str, Any]:
+    def proc_view(self, proc: ProcRecord) -> dict[str, Any]:
         s = proc.stats or {}
         stall, threshold = s.get("loop_stall"), s.get("stall_threshold")
         stalled = stall is not None and threshold is not None and stall > threshold
         state = ("stalled" if stalled else "up") if proc.answered else "silent"
         return {
             **{k: proc.info.get(k) for k in ("uid", "pid", "hostname", "host_uid", "rank", "root")},
-            "state": state, "cpu_pct": proc.cpu_pct, "rss_bytes": s.get("rss_bytes"),
-            "threads": s.get("threads"), "loop_stall": stall, "stall_threshold": threshold,
-        }  # fmt: skip
+            "state": state,
+            "cpu_pct": proc.cpu_pct,
+            "rss_bytes": s.get("rss_bytes"),
+            "threads": s.get("threads"),
+            "loop_stall": stall,
+            "stall_threshold": threshold,
+        }
 
     def view(self) -> dict[str, Any]:
         """The whole picture now: status, the host tree, meshes, endpoints, failures, stalls."""
@@ -311,22 +241,52 @@ class WatchModel:
         agents = {h["uid"]: h for h in self.hosts}
         hosts: dict[str, dict[str, Any]] = {}
         for h in self.hosts:
-            hosts[h["uid"]] = {"key": h["uid"], "name": h.get("name", h["uid"]), "kind": "agent", "state": h.get("state", "up"), "procs": []}  # fmt: skip
+            hosts[h["uid"]] = {
+                "key": h["uid"],
+                "name": h.get("name", h["uid"]),
+                "kind": "agent",
+                "state": h.get("state", "up"),
+                "procs": [],
+            }
         for proc in sorted(self.procs.values(), key=lambda p: (p.info.get("rank") or 0, p.uid)):
             pv = self.proc_view(proc)
             host_uid = pv.get("host_uid")
             key = host_uid if host_uid in agents else f"machine:{pv.get('hostname') or '?'}"
-            host = hosts.setdefault(key, {"key": key, "name": pv.get("hostname") or "?", "kind": "machine", "state": "up", "procs": []})  # fmt: skip
+            host = hosts.setdefault(
+                key,
+                {
+                    "key": key,
+                    "name": pv.get("hostname") or "?",
+                    "kind": "machine",
+                    "state": "up",
+                    "procs": [],
+                },
+            )
             meshes: dict[str, dict[str, Any]] = {}
             for a in by_proc.get(proc.uid, []):
-                meshes.setdefault(a["mesh_uid"], {"uid": a["mesh_uid"], "name": a["mesh"], "class": a["class"], "actors": []})["actors"].append(a)  # fmt: skip
+                meshes.setdefault(
+                    a["mesh_uid"],
+                    {"uid": a["mesh_uid"], "name": a["mesh"], "class": a["class"], "actors": []},
+                )["actors"].append(a)
             host["procs"].append({**pv, "meshes": list(meshes.values())})
         for host in hosts.values():
             if host["kind"] == "machine":
-                host["state"] = "up" if any(p["state"] != "silent" for p in host["procs"]) else "silent"
+                host["state"] = (
+                    "up" if any(p["state"] != "silent" for p in host["procs"]) else "silent"
+                )
         meshes_all: dict[str, dict[str, Any]] = {}
         for a in actors:
-            m = meshes_all.setdefault(a["mesh_uid"], {"uid": a["mesh_uid"], "name": a["mesh"], "class": a["class"], "sizes": a["sizes"], "states": {}, "actors": 0})  # fmt: skip
+            m = meshes_all.setdefault(
+                a["mesh_uid"],
+                {
+                    "uid": a["mesh_uid"],
+                    "name": a["mesh"],
+                    "class": a["class"],
+                    "sizes": a["sizes"],
+                    "states": {},
+                    "actors": 0,
+                },
+            )
             m["states"][a["state"]] = m["states"].get(a["state"], 0) + 1
             m["actors"] += 1
         endpoints = aggregate(self._rows)
@@ -339,12 +299,14 @@ class WatchModel:
             "message": self.message(),
             "connected": self.connected,
             "totals": {
-                "hosts": len(hosts), "procs": len(self.procs), "actors": len(actors),
+                "hosts": len(hosts),
+                "procs": len(self.procs),
+                "actors": len(actors),
                 "rate": sum(rates) if rates else None,
                 "failed": sum(1 for a in actors if a["state"] == "failed"),
                 "stalled": sum(1 for a in actors if a["state"] == "stalled"),
                 "silent": sum(1 for p in self.procs.values() if not p.answered),
-            },  # fmt: skip
+            },
             "hosts": list(hosts.values()),
             "meshes": sorted(meshes_all.values(), key=lambda m: (m["name"], m["uid"])),
             "endpoints": endpoints,
@@ -359,7 +321,15 @@ class WatchModel:
         out = [{**f, "summary": summary(f.get("actor_id", ""), f.get("reason"))} for f in out]
         for a in actors:  # a failed actor whose proc's recent list no longer has it
             if a["state"] == "failed" and a["actor_id"] not in seen:
-                out.append({"actor_id": a["actor_id"], "reason": a["failure"] or "failed", "summary": a["summary"] or "failed", "time": None, "proc": a["proc"]})  # fmt: skip
+                out.append(
+                    {
+                        "actor_id": a["actor_id"],
+                        "reason": a["failure"] or "failed",
+                        "summary": a["summary"] or "failed",
+                        "time": None,
+                        "proc": a["proc"],
+                    }
+                )
         return out
 
     def _stalls(self, actors: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -367,25 +337,60 @@ class WatchModel:
         for a in actors:
             for call in a["in_flight"]:
                 if call.get("stalled"):
-                    out.append({"what": "call", "actor_id": a["actor_id"], "mesh": a["mesh"], "proc": a["proc"], "endpoint": call.get("endpoint"), "seconds": call.get("seconds"), "caller": call.get("caller")})  # fmt: skip
+                    out.append(
+                        {
+                            "what": "call",
+                            "actor_id": a["actor_id"],
+                            "mesh": a["mesh"],
+                            "proc": a["proc"],
+                            "endpoint": call.get("endpoint"),
+                            "seconds": call.get("seconds"),
+                            "caller": call.get("caller"),
+                        }
+                    )
         for proc in self.procs.values():
             pv = self.proc_view(proc)
             if pv["state"] == "stalled":
-                out.append({"what": "loop", "actor_id": None, "mesh": None, "proc": proc.uid, "endpoint": None, "seconds": pv["loop_stall"], "caller": None})  # fmt: skip
+                out.append(
+                    {
+                        "what": "loop",
+                        "actor_id": None,
+                        "mesh": None,
+                        "proc": proc.uid,
+                        "endpoint": None,
+                        "seconds": pv["loop_stall"],
+                        "caller": None,
+                    }
+                )
         return sorted(out, key=lambda s: -(s["seconds"] or 0))
 
     def history(self) -> dict[str, Any]:
         """Per mesh endpoint and per proc, the points of the last ``history_seconds``."""
         series = []
-        for (mesh_uid, endpoint), points in sorted(self.series.items(), key=lambda kv: (kv[1][-1][1], kv[0])):  # fmt: skip
-            t, mesh, rate, p50, p99, flying, errs = zip(*points)
-            series.append({"mesh": mesh[-1], "mesh_uid": mesh_uid, "endpoint": endpoint, "t": list(t), "rate": list(rate), "p50": list(p50), "p99": list(p99), "in_flight": list(flying), "error_rate": list(errs)})  # fmt: skip
+        for (mesh_uid, endpoint), points in sorted(
+            self.series.items(), key=lambda kv: (kv[1][-1][1], kv[0])
+        ):
+            t, mesh, *values = zip(*points)
+            columns = {k: list(v) for k, v in zip(SERIES, values)}
+            series.append(
+                {
+                    "mesh": mesh[-1],
+                    "mesh_uid": mesh_uid,
+                    "endpoint": endpoint,
+                    "t": list(t),
+                    **columns,
+                }
+            )
         procs = []
         for proc in self.procs.values():
             if proc.history:
                 t, cpu, rss = zip(*proc.history)
-                procs.append({"uid": proc.uid, "t": list(t), "cpu_pct": list(cpu), "rss_bytes": list(rss)})  # fmt: skip
-        return {"now": self.time, "seconds": self.history_seconds, "endpoints": series, "procs": procs}
-
-    def now(self) -> float:
-        return self.time or time.time()
+                procs.append(
+                    {"uid": proc.uid, "t": list(t), "cpu_pct": list(cpu), "rss_bytes": list(rss)}
+                )
+        return {
+            "now": self.time,
+            "seconds": self.history_seconds,
+            "endpoints": series,
+            "procs": procs,
+        }

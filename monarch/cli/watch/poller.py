@@ -94,7 +94,10 @@ class Poller:
                 break
         window_heard = max(1.0, 2 * self.model.interval)
         host_rows = [
-            {**h.__dict__, "state": "up" if self._seen and self._seen.alive(h.uid, window_heard) else "silent"}  # fmt: skip
+            {
+                **h.__dict__,
+                "state": "up" if self._seen and self._seen.alive(h.uid, window_heard) else "silent",
+            }
             for h in hosts
         ]
         poll = Poll(

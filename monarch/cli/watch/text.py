@@ -97,14 +97,30 @@ def host_label(h: dict[str, Any]) -> Text:
 
 def endpoint_table(rows: list[dict[str, Any]], title: str = "ENDPOINTS") -> Table:
     table = Table(title=title, title_justify="left", expand=False, box=None, header_style="bold")
-    for col in ("mesh", "endpoint", "actors", "rate", "in-flight", "p50", "p99", "p99 all", "errors"):
+    for col in (
+        "mesh",
+        "endpoint",
+        "actors",
+        "rate",
+        "in-flight",
+        "p50",
+        "p99",
+        "p99 all",
+        "errors",
+    ):
         table.add_column(col, justify="left" if col in ("mesh", "endpoint") else "right")
     for r in rows:
         table.add_row(
-            r["mesh"], r["endpoint"], str(r["actors"]), fmt_rate(r["rate"]), str(r["in_flight"]),
-            fmt_seconds(r["p50"]), fmt_seconds(r["p99"]), fmt_seconds(r["p99_all"]),
+            r["mesh"],
+            r["endpoint"],
+            str(r["actors"]),
+            fmt_rate(r["rate"]),
+            str(r["in_flight"]),
+            fmt_seconds(r["p50"]),
+            fmt_seconds(r["p99"]),
+            fmt_seconds(r["p99_all"]),
             Text(str(r["errors"]), style="red" if r["errors"] else ""),
-        )  # fmt: skip
+        )
     return table
 
 
@@ -117,7 +133,11 @@ def problems_table(view: dict[str, Any]) -> Table:
         table.add_row(state_text("failed"), f["actor_id"], f["summary"])
     for s in view["stalls"]:
         who = s["actor_id"] or f"proc {s['proc']} (loop)"
-        what = f"{s['endpoint']} running {fmt_seconds(s['seconds'])}" if s["endpoint"] else f"loop blocked {fmt_seconds(s['seconds'])}"  # fmt: skip
+        what = (
+            f"{s['endpoint']} running {fmt_seconds(s['seconds'])}"
+            if s["endpoint"]
+            else f"loop blocked {fmt_seconds(s['seconds'])}"
+        )
         table.add_row(state_text("stalled"), who, what)
     if not view["failures"] and not view["stalls"]:
         table.add_row(Text("none", style="dim"), "", "")
@@ -152,4 +172,12 @@ def header(view: dict[str, Any]) -> Text:
 
 def snapshot(view: dict[str, Any]) -> Group:
     """Everything ``monarch top --once`` prints."""
-    return Group(header(view), Text(""), tree(view), Text(""), endpoint_table(view["endpoints"]), Text(""), problems_table(view))  # fmt: skip
+    return Group(
+        header(view),
+        Text(""),
+        tree(view),
+        Text(""),
+        endpoint_table(view["endpoints"]),
+        Text(""),
+        problems_table(view),
+    )

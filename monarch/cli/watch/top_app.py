@@ -47,6 +47,7 @@ class TopApp(App):
     #filter { dock: bottom; display: none; }
     #help { display: none; height: 3; padding: 0 1; background: $boost; }
     """
+    ENABLE_COMMAND_PALETTE = False  # every action has its own key
     BINDINGS = [
         Binding("q", "quit", "quit"),
         Binding("r", "refresh_now", "refresh"),
@@ -78,12 +79,18 @@ class TopApp(App):
                 yield DataTable(id="endpoints", cursor_type="row")
                 yield DataTable(id="procs", cursor_type="row")
                 yield DataTable(id="problems", cursor_type="row")
-        yield Input(placeholder="filter: part of a mesh or endpoint name (enter to apply)", id="filter")  # fmt: skip
+        yield Input(
+            placeholder="filter: part of a mesh or endpoint name (enter to apply)", id="filter"
+        )
         yield Footer()
 
     async def on_mount(self) -> None:
-        self.query_one("#endpoints", DataTable).add_columns("mesh", "endpoint", "actors", "rate", "in-flight", "p50", "p99", "p99 all", "errors")  # fmt: skip
-        self.query_one("#procs", DataTable).add_columns("proc", "host", "pid", "state", "cpu", "mem", "threads", "loop stall")  # fmt: skip
+        self.query_one("#endpoints", DataTable).add_columns(
+            "mesh", "endpoint", "actors", "rate", "in-flight", "p50", "p99", "p99 all", "errors"
+        )
+        self.query_one("#procs", DataTable).add_columns(
+            "proc", "host", "pid", "state", "cpu", "mem", "threads", "loop stall"
+        )
         self.query_one("#problems", DataTable).add_columns("what", "actor / proc", "detail")
         self.query_one("#endpoints").border_title = "endpoints (whole job)"
         self.query_one("#procs").border_title = "procs: CPU and memory"
@@ -147,18 +154,36 @@ class TopApp(App):
         nodes: list[tuple[tuple, Text, dict, int]] = []  # (key, label, data, depth)
         for h in view["hosts"]:
             host_actors: list[str] = []
-            nodes.append((("h", h["key"]), fmt.host_label(h), {"kind": "host", "actors": host_actors}, 1))  # fmt: skip
+            nodes.append(
+                (("h", h["key"]), fmt.host_label(h), {"kind": "host", "actors": host_actors}, 1)
+            )
             for p in h["procs"]:
                 proc_actors = [a["actor_id"] for m in p["meshes"] for a in m["actors"]]
                 host_actors += proc_actors
-                nodes.append((("p", p["uid"]), fmt.proc_label(p), {"kind": "proc", "actors": proc_actors}, 2))  # fmt: skip
+                nodes.append(
+                    (("p", p["uid"]), fmt.proc_label(p), {"kind": "proc", "actors": proc_actors}, 2)
+                )
                 for m in p["meshes"]:
                     if not self._wanted(m):
                         continue
                     ids = [a["actor_id"] for a in m["actors"]]
-                    nodes.append((("m", p["uid"], m["uid"]), fmt.mesh_label(m), {"kind": "mesh", "actors": ids}, 3))  # fmt: skip
+                    nodes.append(
+                        (
+                            ("m", p["uid"], m["uid"]),
+                            fmt.mesh_label(m),
+                            {"kind": "mesh", "actors": ids},
+                            3,
+                        )
+                    )
                     for a in m["actors"]:
-                        nodes.append((("a", a["actor_id"]), fmt.actor_label(a), {"kind": "actor", "actors": [a["actor_id"]]}, 4))  # fmt: skip
+                        nodes.append(
+                            (
+                                ("a", a["actor_id"]),
+                                fmt.actor_label(a),
+                                {"kind": "actor", "actors": [a["actor_id"]]},
+                                4,
+                            )
+                        )
         for key, _, data, _ in nodes:
             data["key"] = key
         shape = [(key, depth) for key, _, _, depth in nodes]
@@ -168,12 +193,16 @@ class TopApp(App):
                 node.data = data
             return
         selected = (tree.cursor_node.data or {}).get("key") if tree.cursor_node else None
-        collapsed = {n.data["key"] for n in self._tree_nodes if n.data and n.is_collapsed and n.children}  # fmt: skip
+        collapsed = {
+            n.data["key"] for n in self._tree_nodes if n.data and n.is_collapsed and n.children
+        }
         tree.root.remove_children()
         parents = {0: tree.root}
         self._tree_nodes = []
         for key, label, data, depth in nodes:
-            node = parents[depth - 1].add(label, data=data, expand=key not in collapsed, allow_expand=depth < 4)  # fmt: skip
+            node = parents[depth - 1].add(
+                label, data=data, expand=key not in collapsed, allow_expand=depth < 4
+            )
             parents[depth] = node
             self._tree_nodes.append(node)
         self._shape = shape
@@ -201,10 +230,16 @@ class TopApp(App):
         table.clear()
         for r in rows:
             table.add_row(
-                r["mesh"], r["endpoint"], str(r["actors"]), fmt.fmt_rate(r["rate"]),
-                str(r["in_flight"]), fmt.fmt_seconds(r["p50"]), fmt.fmt_seconds(r["p99"]),
-                fmt.fmt_seconds(r["p99_all"]), Text(str(r["errors"]), style="red" if r["errors"] else ""),
-            )  # fmt: skip
+                r["mesh"],
+                r["endpoint"],
+                str(r["actors"]),
+                fmt.fmt_rate(r["rate"]),
+                str(r["in_flight"]),
+                fmt.fmt_seconds(r["p50"]),
+                fmt.fmt_seconds(r["p99"]),
+                fmt.fmt_seconds(r["p99_all"]),
+                Text(str(r["errors"]), style="red" if r["errors"] else ""),
+            )
 
     def _draw_procs(self, view: dict[str, Any]) -> None:
         table = self.query_one("#procs", DataTable)
@@ -213,10 +248,15 @@ class TopApp(App):
             for p in h["procs"]:
                 stall = p.get("loop_stall")
                 table.add_row(
-                    p["uid"], h["name"], str(p.get("pid") or "-"), fmt.state_text(p["state"]),
-                    fmt.fmt_pct(p.get("cpu_pct")), fmt.fmt_bytes(p.get("rss_bytes")),
-                    str(p.get("threads") or "-"), fmt.fmt_seconds(stall) if stall else "-",
-                )  # fmt: skip
+                    p["uid"],
+                    h["name"],
+                    str(p.get("pid") or "-"),
+                    fmt.state_text(p["state"]),
+                    fmt.fmt_pct(p.get("cpu_pct")),
+                    fmt.fmt_bytes(p.get("rss_bytes")),
+                    str(p.get("threads") or "-"),
+                    fmt.fmt_seconds(stall) if stall else "-",
+                )
 
     def _draw_problems(self, view: dict[str, Any]) -> None:
         table = self.query_one("#problems", DataTable)
@@ -225,7 +265,11 @@ class TopApp(App):
             table.add_row(fmt.state_text("failed"), f["actor_id"], f["summary"])
         for s in view["stalls"]:
             who = s["actor_id"] or f"proc {s['proc']} (loop)"
-            detail = f"{s['endpoint']} running {fmt.fmt_seconds(s['seconds'])}" if s["endpoint"] else f"loop blocked {fmt.fmt_seconds(s['seconds'])}"  # fmt: skip
+            detail = (
+                f"{s['endpoint']} running {fmt.fmt_seconds(s['seconds'])}"
+                if s["endpoint"]
+                else f"loop blocked {fmt.fmt_seconds(s['seconds'])}"
+            )
             table.add_row(fmt.state_text("stalled"), who, detail)
 
     # -- keys ------------------------------------------------------------------------
