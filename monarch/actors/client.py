@@ -24,6 +24,8 @@ from collections.abc import Callable
 from typing import Any
 
 from monarch.actors.hosting.server import local_server
+from monarch.actors.hosting.stacks import serve_stacks
+from monarch.actors.hosting.stalls import watch_stalls
 from monarch.actors.hosting.stats import serve_stats
 from monarch.actors.hosting.supervisor import start_supervision
 from monarch.actors.messaging.loss_recovery import start_loss_recovery
@@ -232,6 +234,8 @@ async def _connect_client(rt: Runtime, url: str) -> None:
     server = local_server(rt)
     server.handle("controller", lambda msg: get_or_spawn_here(server, msg))
     await serve_stats(rt)  # its this_proc() actors, for `monarch top` and `monarch stacks`
+    watch_stalls(rt)  # calls over MONARCH_STALL_THRESHOLD: told to their callers, who warn
+    await serve_stacks(rt)  # `monarch stacks`: every thread's stack, from the side channel
 
 
 def _run_loop_forever(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:

@@ -99,3 +99,9 @@ def stats_subject(namespace: str) -> str:
     """Every process with actors answers requests here with what they are doing
     (``monarch top``; the answer's format: monarch.actors.hosting.stats)."""
     return f"mon.{namespace}.ctl.stats"
+
+
+def stacks_subject(namespace: str, proc_uid: str) -> str:
+    """A process answers requests here with the Python stack of each of its threads
+    (``monarch stacks``; the answer's format: monarch.actors.hosting.stacks)."""
+    return f"mon.{namespace}.ctl.stacks.{proc_uid}"

@@ -66,6 +66,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--prune", action="store_true", help="remove registry entries of silent hosts and procs"
     )
 
+    stacks = sub.add_parser(
+        "stacks", help="print the Python stack of every thread of the job's procs (like py-spy)"
+    )
+    _common(stacks)
+    stacks.add_argument(
+        "target", nargs="?", default=None, metavar="MESH[RANK]",
+        help="only the procs hosting this actor mesh (or this rank of it); default: all procs",
+    )  # fmt: skip
+    stacks.add_argument(
+        "--proc", action="append", default=[], metavar="UID", help="only this proc (repeatable)"
+    )
+    stacks.add_argument(
+        "--timeout", type=float, default=3.0, help="seconds to wait for each proc (default 3)"
+    )
+    stacks.add_argument(
+        "--window", type=float, default=1.5, help="seconds to listen for procs (default 1.5)"
+    )
+    stacks.add_argument(
+        "--py-spy", action="store_true",
+        help="read local procs with `py-spy dump` (works while a C call holds the GIL)",
+    )  # fmt: skip
+
     tail = sub.add_parser("tail", help="print live traffic on SUBJECT, decoded")
     _common(tail)
     tail.add_argument("subject", nargs="?", default=None, help="default: mon.<namespace>.>")

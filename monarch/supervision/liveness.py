@@ -139,6 +139,9 @@ class Heartbeater:
         self._sync_lock = asyncio.Lock()  # used on the thread's loop only
         # Called on the thread with False when its connection drops and True when back.
         self.connection_listeners: list[Callable[[bool], None]] = []
+        # Called on the thread at each beat, connected or not: checks that must run
+        # while the process's loop may be blocked (stalled calls, monarch.actors.hosting.stalls).
+        self.beat_listeners: list[Callable[[], None]] = []
 
     def start(self) -> None:
         # Stamped once per heartbeat: a stall matters only past the timeout, and each
@@ -267,6 +270,11 @@ class Heartbeater:
                         log.debug("heartbeat not sent: %r", e)
                 for sent in waiting:
                     sent.set()
+                for listener in list(self.beat_listeners):
+                    try:
+                        listener()
+                    except Exception:
+                        log.exception("beat listener of %s failed", self.uid)
                 self.probe()  # heard_through stays fresh while this thread turns
                 try:
                     await asyncio.wait_for(wake.wait(), self.interval)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import time
 
 from monarch.actor import Actor, context, endpoint
@@ -22,6 +23,12 @@ class Busy(Actor):
     def nap(self, seconds: float) -> str:
         time.sleep(seconds)  # a sync endpoint: holds the actor's thread, not the loop
         return "rested"
+
+    @endpoint
+    def hold_gil(self, seconds: int) -> str:
+        time.sleep(0.5)  # still answering: whoever waits for the call to start sees it
+        ctypes.PyDLL(None).sleep(seconds)  # libc sleep with the GIL held: no Python runs
+        return "released"
 
     @endpoint
     def abort(self, reason: str) -> str:

@@ -140,14 +140,15 @@ class EndpointStats:
 class Call:
     """One call being handled now."""
 
-    __slots__ = ("ep", "msg", "started", "thread", "stalled")
+    __slots__ = ("ep", "msg", "started", "thread", "stalled", "stall")
 
     def __init__(self, ep: EndpointStats, msg: Any, started: float, thread: int) -> None:
         self.ep = ep
         self.msg = msg
         self.started = started  # time.monotonic()
         self.thread = thread  # threading.get_ident() of the thread running it
-        self.stalled = False  # reported as stalled (monarch.actors.hosting.stalls)
+        self.stalled = False  # reported as stalled (ActivityBook.newly_stalled)
+        self.stall: dict | None = None  # its record in ActivityBook.stalls, once stalled
 
 
 class ActorActivity:
@@ -196,6 +197,8 @@ class ActorActivity:
                 ep.calls += 1
                 if not ok:
                     ep.errors += 1
+        if call.stalled and call.stall is not None:  # the stall is over
+            call.stall["finished_after"] = round(now - call.started, 3)
         if call_listeners:
             _tell(self, call, now, ok)
 
@@ -292,6 +295,36 @@ class ActivityBook:
                 if self.actors.get(act.actor_id) is act:
                     self.actors.pop(act.actor_id, None)
         return [a for a in acts if a.ended is None or now - a.ended <= KEEP_ENDED]
+
+    def newly_stalled(self, threshold: float) -> list[tuple[ActorActivity, Call, dict]]:
+        """Calls running longer than ``threshold`` seconds that were not stalled before:
+        each is marked stalled and recorded in :attr:`stalls` (``finished_after`` is
+        added once it ends). Call from one thread only (the heartbeat thread)."""
+        now = time.monotonic()
+        found = []
+        for act in self.current():
+            for call in act.calls_now():
+                seconds = now - call.started
+                if call.stalled or seconds <= threshold or call.ep.name == FLOW_MARKER:
+                    continue
+                record = {
+                    "actor_id": act.actor_id,
+                    "mesh": act.mesh,
+                    "mesh_uid": act.mesh_uid,
+                    "rank": act.rank,
+                    "endpoint": call.ep.name,
+                    "caller": caller_of(call.msg),
+                    "seconds": round(seconds, 3),
+                    "time": time.time(),
+                    "finished_after": None,
+                }
+                call.stall = record
+                call.stalled = True
+                if call not in act.in_flight:  # it ended meanwhile, unseen by end()
+                    record["finished_after"] = record["seconds"]
+                self.stalls.append(record)
+                found.append((act, call, record))
+        return found
 
     def describe(self, threshold: float) -> list[dict]:
         """Every current actor as the stats answer shows it."""

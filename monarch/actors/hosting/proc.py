@@ -24,6 +24,8 @@ import weakref
 import monarch.actors.calls.actor_mesh  # noqa: F401  (registers the actor mesh reference type)
 from monarch.actors.hosting.log_forwarding import install_forwarding
 from monarch.actors.hosting.server import local_server
+from monarch.actors.hosting.stacks import serve_stacks
+from monarch.actors.hosting.stalls import watch_stalls
 from monarch.actors.hosting.stats import serve_stats
 from monarch.actors.hosting.supervisor import start_supervision
 from monarch.actors.messaging import messages as m
@@ -52,6 +54,8 @@ async def serve(uid: str, ready: str, url: str) -> None:
     server = local_server(rt)
     register_proc(rt, server.list_actors)  # a registry entry, and answers to `monarch ps`
     await serve_stats(rt)  # what its actors are doing, answered even while the loop is blocked
+    watch_stalls(rt)  # calls over MONARCH_STALL_THRESHOLD: told to their callers, who warn
+    await serve_stacks(rt)  # `monarch stacks`: every thread's stack, from the side channel
     rt.publish(ready, dumps(os.getpid()), {m.KIND: "ready", m.FROM: uid})
     await server.stopped.wait()
     await rt.close()
