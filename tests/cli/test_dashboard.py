@@ -25,6 +25,8 @@ from tests.cli.watching import Job, artefact_dir, watch_env
 from tests.hosts.agents import ROOT
 
 CHROMIUM = "/usr/bin/chromium"
+# A job starts several processes: on a busy machine that takes a while.
+pytestmark = pytest.mark.timeout(420)
 FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -90,7 +92,7 @@ def chromium(tmp_path: Path, *args: str) -> str:
     return out.stdout
 
 
-def wait_api(dash: Dashboard, ok, what: str, timeout: float = 90) -> dict:  # type: ignore[no-untyped-def]
+def wait_api(dash: Dashboard, ok, what: str, timeout: float = 150) -> dict:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     model: dict = {}
     while time.monotonic() < deadline:

@@ -21,6 +21,8 @@ from tests.cli.watching import Job, artefact_dir, watch_env
 from tests.hosts.agents import ROOT
 
 WIDTH, HEIGHT = 200, 50
+# A job starts several processes: on a busy machine that takes a while.
+pytestmark = pytest.mark.timeout(420)
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +87,7 @@ def whole_job_shown(screen: str) -> bool:
 def test_top_shows_the_job_and_answers_keys(job, tmp_path):
     t = Tmux(top_command(), job.env)
     try:
-        screen = t.wait_for(whole_job_shown, "the meshes, their states and a rate", timeout=90)
+        screen = t.wait_for(whole_job_shown, "the meshes, their states and a rate", timeout=150)
         assert "boom: this actor was broken on purpose" in screen  # the failure's reason
         assert "sleep running" in screen  # the stall, with its endpoint
         path = artefact_dir(tmp_path) / "top-screen.txt"
@@ -110,7 +112,7 @@ def test_top_shows_the_job_and_answers_keys(job, tmp_path):
         )
         t.keys("q")
         screen = t.wait_for(lambda s: "TOP-EXIT=" in s, "top exiting on q")
-        assert "TOP-EXIT=0" in screen and "Traceback" not in screen
+        assert "TOP-EXIT=0" in screen and "Traceback" not in screen, screen
     finally:
         t.close()
 
@@ -155,12 +157,13 @@ def test_top_says_job_ended_and_exits(nats_url):
     j = Job(nats_url)
     t = Tmux(top_command(), j.env)
     try:
-        t.wait_for(whole_job_shown, "the job", timeout=90)
+        t.wait_for(whole_job_shown, "the job", timeout=150)
         assert j.end() == 0
         screen = t.wait_for(
             lambda s: "TOP-EXIT=" in s, "top exiting after the job ended", timeout=90
         )
-        assert "job ended" in screen and "TOP-EXIT=0" in screen and "Traceback" not in screen
+        assert "job ended" in screen and "TOP-EXIT=0" in screen, screen
+        assert "Traceback" not in screen, screen
     finally:
         t.close()
         j.end()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import subprocess
 import sys
 import threading
@@ -43,19 +44,28 @@ class Job:
             stderr=subprocess.STDOUT,
             text=True,
         )
-        deadline = time.monotonic() + 120
+        # One reader thread keeps the pipe drained (a full pipe would block the job).
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, args=(lines,), daemon=True).start()
+        deadline = time.monotonic() + 180
         seen = []
         while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()  # type: ignore[union-attr]
-            if not line:
+            try:
+                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
                 break
             seen.append(line)
             if line.strip() == "ready":
-                # Keep reading, so that a full pipe never blocks the job.
-                threading.Thread(target=self.proc.stdout.read, daemon=True).start()  # type: ignore[union-attr]
                 return
+            if not line:  # the job exited
+                break
         self.end()
         raise AssertionError(f"the watched job did not start: {''.join(seen)[-2000:]}")
+
+    def _read(self, lines: queue.Queue[str]) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            lines.put(line)
+        lines.put("")
 
     def end(self) -> int:
         """Stop the job (it stops its procs); its exit status."""

@@ -19,6 +19,7 @@ from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.widgets import DataTable, Footer, Input, Static, Tree
 
 from monarch.cli.watch import text as fmt
@@ -30,6 +31,7 @@ HELP = (
     "q quit   arrows move   enter expand/collapse   r refresh now   "
     "s sort endpoints   f filter (meshes, endpoints)   ? help on/off   esc close"
 )
+STOP_WAIT = 2.0  # seconds the poller may take to close its connection at exit
 ENDED_LINGER = 3.0  # seconds "job ended" stays on screen before the app exits
 
 
@@ -65,10 +67,11 @@ class TopApp(App):
         self.filter_text = ""
         self.exit_message = ""
         self._poller: Poller | None = None
-        self._task: asyncio.Task | None = None
+        self._poll_task: asyncio.Task | None = None
         self._shape: list[tuple] = []
         self._tree_nodes: list[Any] = []
         self._ended_at: float | None = None
+        self._stopping_app = False
 
     def compose(self) -> ComposeResult:
         yield Static("connecting...", id="status")
@@ -99,7 +102,7 @@ class TopApp(App):
         tree = self.query_one("#tree", Tree)
         tree.root.data = {"kind": "job"}
         tree.root.expand()
-        self._task = asyncio.create_task(self._run())
+        self._poll_task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
         try:
@@ -116,16 +119,32 @@ class TopApp(App):
             with contextlib.suppress(Exception):
                 await nc.close()
 
+    def exit(self, *args: Any, **kwargs: Any) -> None:
+        self._stopping_app = True
+        super().exit(*args, **kwargs)
+
     async def on_unmount(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        self._stopping_app = True
+        await self._stop_polling()
+
+    async def _stop_polling(self) -> None:
+        if self._poll_task is not None and self._poll_task is not asyncio.current_task():
+            self._poll_task.cancel()
+            # Bounded: closing the connection must never keep the app from exiting.
+            await asyncio.wait({self._poll_task}, timeout=STOP_WAIT)
 
     # -- drawing ---------------------------------------------------------------------
 
     def redraw(self) -> None:
-        view = self.model.view()
+        """Draw every panel from the model (after each poll, and on keys)."""
+        if self._stopping_app:  # a poll that ends while the app shuts down draws nothing
+            return
+        try:
+            self._draw(self.model.view())
+        except NoMatches:  # the widgets are being torn down
+            pass
+
+    def _draw(self, view: dict[str, Any]) -> None:
         status = fmt.header(view)
         if self.filter_text:
             status.append(f"   filter: {self.filter_text!r}", style="bold cyan")
@@ -307,4 +326,5 @@ class TopApp(App):
         self.redraw()
 
     def on_tree_node_highlighted(self, event: Tree.NodeHighlighted) -> None:
-        self._draw_endpoints(self.model.view())
+        if not self._stopping_app:
+            self._draw_endpoints(self.model.view())
