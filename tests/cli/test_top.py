@@ -128,6 +128,8 @@ def test_top_once_prints_a_snapshot(job):
     )
     assert out.returncode == 0, out.stderr
     for word in (
+        "stall over",
+        "sleep took",
         "mesh workers",
         "mesh sleepy",
         "mesh doomed",

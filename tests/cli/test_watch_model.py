@@ -127,6 +127,10 @@ def test_states_failures_and_stalls_are_reported():
         stall=3.0,
         failures=[{"actor_id": "doomed-m1[1]", "reason": "RuntimeError: boom", "time": 4.0}],
     )
+    doc["stalls"] = [
+        {"actor_id": "sleepy-m1[0]", "endpoint": "sleep", "time": 2.0, "finished_after": None},
+        {"actor_id": "sleepy-m1[1]", "endpoint": "sleep", "time": 1.0, "finished_after": 2.5},
+    ]
     m = WatchModel("ns")
     m.ingest(poll(5.0, doc))
     view = m.view()
@@ -139,6 +143,8 @@ def test_states_failures_and_stalls_are_reported():
     assert whats == {("call", "sleep"), ("loop", None)}
     assert view["hosts"][0]["procs"][0]["state"] == "stalled"  # its loop: 3 s > 1 s
     assert view["totals"]["failed"] == 1 and view["totals"]["stalled"] == 1
+    (past,) = view["past_stalls"]  # the one still running is a live stall, not a past one
+    assert (past["actor_id"], past["finished_after"]) == ("sleepy-m1[1]", 2.5)
 
 
 def test_a_proc_that_stops_answering_is_silent_and_then_the_job_ended():

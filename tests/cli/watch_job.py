@@ -3,7 +3,8 @@
     python tests/cli/watch_job.py      # prints "ready" once all is in place
 
 Meshes: ``workers`` (2 actors, ``ping`` called in a loop), ``sleepy`` (rank 0
-sleeps in ``sleep(3600)``: stalled once MONARCH_STALL_THRESHOLD passes) and
+sleeps in ``sleep(3600)``: stalled once MONARCH_STALL_THRESHOLD passes; rank
+1 slept 2.5 s before "ready": a stall that is over) and
 ``doomed`` (rank 1 raised from a broadcast: failed). It runs until a line (or
 EOF) arrives on stdin, then stops its procs and exits 0.
 """
@@ -44,6 +45,7 @@ def main() -> int:
     workers.ping.call().get(timeout=60)
     doomed.slice(gpus=1).boom.broadcast()
     sleepy.slice(gpus=0).sleep.broadcast(3600)
+    sleepy.slice(gpus=1).sleep.call_one(2.5).get(timeout=60)  # a stall that ended
     print("ready", flush=True)
     n = 0
     while not stop.is_set():

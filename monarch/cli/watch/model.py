@@ -32,7 +32,7 @@ from monarch.cli.watch.counters import ProcRecord, aggregate, summary
 ACTOR_STATES = ("starting", "serving", "stalled", "failed", "stopped")
 """What an actor can be, as its proc reports it; the views add ``silent`` and ``unknown``."""
 
-MAX_FAILURES = 100  # failures kept for the views, newest first
+MAX_FAILURES = 100  # failures (and ended stalls) kept for the views, newest first
 SERIES = ("rate", "p50", "p99", "in_flight", "error_rate")  # kept over time per mesh endpoint
 FORGET_SILENT = 60.0  # seconds a silent, deregistered proc stays shown
 
@@ -67,6 +67,7 @@ class WatchModel:
         self.hosts: list[dict[str, Any]] = []
         self.series: dict[tuple[str, str], collections.deque] = {}  # (mesh uid, endpoint) -> points
         self.failures: dict[tuple[str, float], dict[str, Any]] = {}
+        self.past_stalls: dict[tuple[str, float], dict[str, Any]] = {}  # stalls that ended
         self.connected = False
         self.polls = 0
         self.time = 0.0
@@ -103,6 +104,10 @@ class WatchModel:
                         **f,
                         "proc": uid,
                     }
+                for st in doc.get("stalls") or ():
+                    if st.get("finished_after") is not None:
+                        key = (st.get("actor_id", ""), float(st.get("time") or 0))
+                        self.past_stalls[key] = {**st, "proc": uid}
         for uid, proc in list(self.procs.items()):
             if uid not in answering:
                 proc.answered = False
@@ -110,9 +115,9 @@ class WatchModel:
                     del self.procs[uid]
         if answering:
             self._last_answer = now
-        if len(self.failures) > MAX_FAILURES:
-            for k in sorted(self.failures, key=lambda k: k[1])[: len(self.failures) - MAX_FAILURES]:
-                del self.failures[k]
+        for kept in (self.failures, self.past_stalls):
+            for k in sorted(kept, key=lambda k: k[1])[: max(0, len(kept) - MAX_FAILURES)]:
+                del kept[k]
         self._rows = self._actor_endpoint_rows()
         self._record(now)
 
@@ -313,6 +318,9 @@ class WatchModel:
             "actor_endpoints": self._rows,
             "failures": self._failures(actors),
             "stalls": self._stalls(actors),
+            "past_stalls": sorted(
+                self.past_stalls.values(), key=lambda x: -float(x.get("time") or 0)
+            ),
         }
 
     def _failures(self, actors: list[dict[str, Any]]) -> list[dict[str, Any]]:

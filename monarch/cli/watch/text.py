@@ -26,6 +26,7 @@ STATE_STYLE = {
     "ended": "bold red",
     "waiting": "yellow",
     "unknown": "dim",
+    "stall over": "yellow",
 }
 
 
@@ -59,6 +60,10 @@ def fmt_bytes(v: float | None) -> str:
 
 def fmt_pct(v: float | None) -> str:
     return "-" if v is None else f"{v:.0f}%"
+
+
+def past_stall(s: dict[str, Any]) -> str:
+    return f"{s.get('endpoint')} took {fmt_seconds(s.get('finished_after'))} (caller {s.get('caller') or '?'})"
 
 
 def proc_label(p: dict[str, Any]) -> Text:
@@ -139,7 +144,9 @@ def problems_table(view: dict[str, Any]) -> Table:
             else f"loop blocked {fmt_seconds(s['seconds'])}"
         )
         table.add_row(state_text("stalled"), who, what)
-    if not view["failures"] and not view["stalls"]:
+    for s in view["past_stalls"]:
+        table.add_row(state_text("stall over"), s["actor_id"], past_stall(s))
+    if not view["failures"] and not view["stalls"] and not view["past_stalls"]:
         table.add_row(Text("none", style="dim"), "", "")
     return table
 

@@ -290,6 +290,8 @@ class TopApp(App):
                 else f"loop blocked {fmt.fmt_seconds(s['seconds'])}"
             )
             table.add_row(fmt.state_text("stalled"), who, detail)
+        for s in view["past_stalls"]:
+            table.add_row(fmt.state_text("stall over"), s["actor_id"], fmt.past_stall(s))
 
     # -- keys ------------------------------------------------------------------------
 
