@@ -135,7 +135,32 @@ def build_parser() -> argparse.ArgumentParser:
     fmt = query.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print the rows as JSON objects")
     fmt.add_argument("--csv", action="store_true", help="print the rows as CSV")
+    _watch_commands(sub)
     return parser
+
+
+def _watch_options(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between polls (default 1)")
+    p.add_argument(
+        "--history", type=float, default=600.0, help="seconds of history kept (default 600)"
+    )
+    p.add_argument(
+        "--connect-timeout", type=float, default=10.0, help="seconds to wait for the broker"
+    )
+
+
+def _watch_commands(sub: argparse._SubParsersAction) -> None:
+    top = sub.add_parser("top", help="live view of a job: actors, states, rates, latencies")
+    _watch_options(top)
+    top.add_argument("--once", action="store_true", help="print one snapshot as text and exit")
+
+    dash = sub.add_parser("dashboard", help="web dashboard of a job (plots over time)")
+    _watch_options(dash)
+    dash.add_argument(
+        "--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1: this machine only)"
+    )
+    dash.add_argument("--port", type=int, default=8265, help="port (default 8265; 0: a free one)")
 
 
 def main(argv: list[str] | None = None) -> int:
