@@ -33,7 +33,7 @@ def monarch(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 def test_help_lists_every_command():
     out = monarch("--help").stdout
-    for command in ("demo", "broker", "host", "ps", "tail", "debug"):
+    for command in ("demo", "broker", "host", "ps", "tail", "jobs", "stacks", "debug", "query", "top", "dashboard"):
         assert f"\n    {command} " in out
 
 
