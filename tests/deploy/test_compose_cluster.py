@@ -337,6 +337,9 @@ def test_cluster_file_survives_a_stopped_node_and_a_killed_host(images):
             back = job.phase("restarted", 240)
             assert sorted(back["hosts"]) == sorted(up["hosts"])
             assert job.close() == 0, "\n".join(job.seen[-40:])
+            # The CLI inside a container, against the cluster.
+            ps = json.loads(p("exec", "-T", "host", "monarch", "ps", "--json", timeout=120).stdout)
+            assert {h["name"] for h in ps["hosts"]} >= set(up["hosts"]), ps
         finally:
             if job.popen.poll() is None:
                 job.popen.kill()
