@@ -97,9 +97,14 @@ async def open_bucket(nc: Client, namespace: str, what: str) -> KeyValue:
 
 
 async def read_all(nc: Client, namespace: str, what: str, timeout: float = 5.0) -> dict[str, bytes]:
-    """Every live key of the bucket and its value (empty if the bucket does not exist)."""
+    """Every live key of the bucket and its value (empty if the bucket does not exist).
+
+    On a cluster that has just lost a server, the bucket's new leader may take
+    seconds to be elected: its lookup is asked again meanwhile (:func:`while_electing`).
+    """
+    name = bucket_name(namespace, what)
     try:
-        kv = await nc.jetstream().key_value(bucket_name(namespace, what))
+        kv = await while_electing(f"the bucket {name}", lambda: nc.jetstream().key_value(name))
     except BucketNotFoundError:
         return {}
     watcher = await kv.watchall(ignore_deletes=True)
