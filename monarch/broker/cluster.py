@@ -28,6 +28,7 @@ class Node:
     name: str
     port: int
     route_port: int
+    monitor_port: int = 0  # HTTP monitoring (/connz says who is connected where)
     proc: subprocess.Popen | None = None
 
     @property
@@ -59,6 +60,7 @@ def _config(node: Node, nodes: list[Node], store: Path) -> str:
     return (
         f"server_name: {node.name}\n"
         f"listen: 127.0.0.1:{node.port}\n"
+        f"http: 127.0.0.1:{node.monitor_port}\n"
         f'jetstream {{ store_dir: "{store}" }}\n'
         f"cluster {{ name: monarch-test, listen: 127.0.0.1:{node.route_port}, "
         f"routes: [{routes}] }}\n"
@@ -69,7 +71,7 @@ def _config(node: Node, nodes: list[Node], store: Path) -> str:
 def nats_cluster(folder: Path, size: int = 3, timeout: float = 30.0):
     """Start ``size`` routed nats-servers; yield the :class:`Cluster`; kill them all."""
     binary = find_nats_server()
-    cluster = Cluster([Node(f"n{i}", free_port(), free_port()) for i in range(size)])
+    cluster = Cluster([Node(f"n{i}", free_port(), free_port(), free_port()) for i in range(size)])
     try:
         for node in cluster.nodes:
             store = folder / node.name

@@ -25,6 +25,7 @@ from nats.js.kv import KeyValue
 from monarch.broker import headers as hdr
 from monarch.broker import subjects
 from monarch.broker.auth import auth_of
+from monarch.broker.jetstream_setup import NOT_READY, replicas, while_electing
 
 HOSTS = "hosts"
 PROCS = "procs"
@@ -74,22 +75,36 @@ async def open_bucket(nc: Client, namespace: str, what: str) -> KeyValue:
     """The bucket, created (in memory, one revision per key) if it does not exist yet."""
     js = nc.jetstream()
     name = bucket_name(namespace, what)
-    try:
-        return await js.key_value(name)
-    except BucketNotFoundError:
-        pass
-    try:
-        return await js.create_key_value(
-            KeyValueConfig(bucket=name, history=1, storage=StorageType.MEMORY)
-        )
-    except Exception:
-        return await js.key_value(name)  # created by someone else meanwhile
+
+    async def open_or_create() -> KeyValue:
+        try:
+            return await js.key_value(name)
+        except BucketNotFoundError:
+            pass
+        try:
+            return await js.create_key_value(
+                KeyValueConfig(
+                    bucket=name, history=1, storage=StorageType.MEMORY, replicas=replicas(nc)
+                )
+            )
+        except NOT_READY:
+            raise
+        except Exception:
+            return await js.key_value(name)  # created by someone else meanwhile
+
+    # On a cluster: a copy per server, and patience while it elects its leader.
+    return await while_electing(f"the bucket {name}", open_or_create)
 
 
 async def read_all(nc: Client, namespace: str, what: str, timeout: float = 5.0) -> dict[str, bytes]:
-    """Every live key of the bucket and its value (empty if the bucket does not exist)."""
+    """Every live key of the bucket and its value (empty if the bucket does not exist).
+
+    On a cluster that has just lost a server, the bucket's new leader may take
+    seconds to be elected: its lookup is asked again meanwhile (:func:`while_electing`).
+    """
+    name = bucket_name(namespace, what)
     try:
-        kv = await nc.jetstream().key_value(bucket_name(namespace, what))
+        kv = await while_electing(f"the bucket {name}", lambda: nc.jetstream().key_value(name))
     except BucketNotFoundError:
         return {}
     watcher = await kv.watchall(ignore_deletes=True)

@@ -43,7 +43,7 @@ from monarch.broker.config import Settings, settings
 from monarch.broker.intake import subscribe_ordered
 from monarch.broker.registry import HOST_UID_ENV, HOSTS, PROCS, HostInfo, open_bucket
 from monarch.hosts import protocol as p
-from monarch.hosts.connect import connect, connected_url, local_address
+from monarch.hosts.connect import connect, local_address
 from monarch.hosts.stop_signals import ignore_stop_signals, stop_on_signals
 from monarch.supervision.liveness import Heartbeater, Watcher, announce_dead
 from monarch.supervision.streams import ensure_streams
@@ -103,8 +103,9 @@ class HostAgent:
             disconnected_cb=self._on_disconnected,
             reconnected_cb=self._on_reconnected,
         )
-        # Procs reach the broker the way we do; a list of servers may not suit them.
-        self.proc_url = self.url if "," not in self.url else connected_url(self.nc)
+        # Procs get every server we were given, not the one we happen to be on: a
+        # proc started after that server went away must still reach the broker.
+        self.proc_url = self.url
         await ensure_streams(self.nc, self.ns)
         self.info = HostInfo(
             uid=self.uid,

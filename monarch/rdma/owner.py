@@ -32,14 +32,17 @@ def advertised_host(nats_url: str) -> str:
     forced = config.bind_host()
     if forced:
         return forced
-    first = urlparse((nats_url or "").split(",")[0].strip())
-    target = (first.hostname or "127.0.0.1", first.port or 4222)
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect(target)  # no packet is sent: this only asks the kernel for a route
-            return s.getsockname()[0]
-    except OSError:
-        return "127.0.0.1"
+    # Any server of the list will do; one that is down may no longer resolve.
+    for server in (nats_url or "").split(","):
+        u = urlparse(server.strip())
+        target = (u.hostname or "127.0.0.1", u.port or 4222)
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect(target)  # no packet is sent: this only asks the kernel for a route
+                return s.getsockname()[0]
+        except OSError:
+            continue
+    return "127.0.0.1"
 
 
 class Owner:

@@ -13,6 +13,8 @@ import logging
 from nats.aio.client import Client
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 
+from monarch.broker.jetstream_setup import NOT_READY, replicas, while_electing
+
 log = logging.getLogger(__name__)
 
 
@@ -44,10 +46,23 @@ async def ensure_streams(nc: Client, namespace: str) -> None:
         ),
     ]
     for cfg in configs:
-        try:
-            await js.add_stream(cfg)
-        except Exception as e:  # already there with the same config is fine
+        cfg.num_replicas = replicas(nc)  # on a cluster, a stream outlives one server
+
+        async def create(cfg: StreamConfig = cfg) -> None:
             try:
+                await js.add_stream(cfg)
+            except NOT_READY:
+                raise
+            except Exception:  # already there with the same config is fine
                 await js.stream_info(cfg.name)
-            except Exception:
-                log.warning("could not create JetStream stream %s: %r", cfg.name, e)
+
+        try:
+            # A cluster that has just started elects its JetStream leader first.
+            await while_electing(f"the stream {cfg.name}", create)
+        except Exception as e:
+            log.warning(
+                "could not create JetStream stream %s: %r (heartbeats and supervision events "
+                "still flow, but are not kept for late readers)",
+                cfg.name,
+                e,
+            )

@@ -149,17 +149,19 @@ def reachable_host() -> str:
     if override:
         return override
 
-    url = (runtime().nats_url or "").split(",")[0]
-    parsed = urlparse(url)
-    host = parsed.hostname or "127.0.0.1"
-    if host in ("localhost", "::1") or host.startswith("127."):
-        return "127.0.0.1"
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((host, parsed.port or 4222))  # no packet is sent: this picks a route
-            return s.getsockname()[0]
-    except OSError:
-        return socket.gethostbyname(socket.gethostname())
+    # Any server of the list will do; one that is down may no longer resolve.
+    for url in (runtime().nats_url or "").split(","):
+        parsed = urlparse(url.strip())
+        host = parsed.hostname or "127.0.0.1"
+        if host in ("localhost", "::1") or host.startswith("127."):
+            return "127.0.0.1"
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((host, parsed.port or 4222))  # no packet is sent: this picks a route
+                return s.getsockname()[0]
+        except OSError:
+            continue
+    return socket.gethostbyname(socket.gethostname())
 
 
 def usable_backend(backend: str) -> str:

@@ -24,6 +24,7 @@ from monarch.actors.procs.control_wait import ControlWait
 from monarch.actors.procs.proc_mesh import this_proc
 from monarch.broker import subjects
 from monarch.broker.codec import dumps, loads
+from monarch.broker.jetstream_setup import replicas
 from monarch.core.future import Future
 from monarch.core.runtime import Runtime, runtime
 
@@ -63,7 +64,9 @@ def get_or_spawn_controller(
 
 async def _bucket(rt: Runtime) -> Any:
     js = rt.nc.jetstream()
-    return await js.create_key_value(bucket=bucket_name(rt.namespace), history=1)
+    return await js.create_key_value(
+        bucket=bucket_name(rt.namespace), history=1, replicas=replicas(rt.nc)
+    )
 
 
 async def get_or_spawn_here(server: Any, msg: Msg) -> ActorMesh:
