@@ -214,3 +214,35 @@ class ForwardingProxy:
 async def _as_it_is(data: bytes, dst: asyncio.StreamWriter) -> None:
     dst.write(data)
     await dst.drain()
+
+
+def run_client(tmp_path: Any, body: str, timeout: float = 90.0, **env: str) -> tuple[int, str, str]:
+    """Run ``body`` as a client script (heartbeats every 0.2 s); its return code, stdout
+    and stderr. One that does not end within ``timeout`` is killed, its procs too, and
+    fails the test with what it printed."""
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    script = Path(tmp_path) / "client.py"
+    script.write_text(textwrap.dedent(body))
+    full_env = {**os.environ, "PYTHONPATH": str(root), "MONARCH_HEARTBEAT_INTERVAL": "0.2", **env}
+    p = subprocess.Popen(
+        [sys.executable, str(script)],
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        left = sorted(descendants(p.pid))
+        p.kill()
+        for pid in left:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        out, err = p.communicate(timeout=10)
+        raise AssertionError(f"client script did not finish in {timeout} s:\n{out}\n{err}") from None
+    return p.returncode, out, err

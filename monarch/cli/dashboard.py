@@ -11,9 +11,6 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
-from typing import Any
-
-from monarch.cli.main import broker_url
 
 
 def run(args: argparse.Namespace) -> int:
@@ -21,19 +18,14 @@ def run(args: argparse.Namespace) -> int:
     # (and starlette/uvicorn, of the `watch` extra, are needed only here).
     import uvicorn
 
-    from monarch.broker.config import settings
-    from monarch.cli.watch.model import WatchModel
+    from monarch.cli.watch.model import model_for
     from monarch.cli.watch.web import create_app
-    from monarch.hosts.connect import connect
 
-    url, ns = broker_url(args), settings().namespace
-    if args.interval <= 0:
-        print("monarch dashboard: --interval must be more than 0 seconds", file=sys.stderr)
-        return 2
-    model = WatchModel(ns, interval=args.interval, history_seconds=args.history)
-
-    async def connect_nats() -> Any:
-        return await connect(url, "monarch-dashboard", timeout=args.connect_timeout)
+    made = model_for(args, "dashboard")
+    if isinstance(made, int):
+        return made
+    model, connect_nats = made
+    ns = model.namespace
 
     try:
         sock = socket.create_server((args.host, args.port))

@@ -11,24 +11,15 @@ import asyncio
 import sys
 from typing import Any
 
-from monarch.cli.main import broker_url
-
 
 def run(args: argparse.Namespace) -> int:
     # Imported when the subcommand runs, so that `monarch --help` stays fast.
-    from monarch.broker.config import settings
-    from monarch.cli.watch.model import WatchModel
-    from monarch.hosts.connect import connect
+    from monarch.cli.watch.model import model_for
 
-    url, ns = broker_url(args), settings().namespace
-    if args.interval <= 0:
-        print("monarch top: --interval must be more than 0 seconds", file=sys.stderr)
-        return 2
-    model = WatchModel(ns, interval=args.interval, history_seconds=args.history)
-
-    async def connect_nats() -> Any:
-        return await connect(url, "monarch-top", timeout=args.connect_timeout)
-
+    made = model_for(args, "top")
+    if isinstance(made, int):
+        return made
+    model, connect_nats = made
     if args.once:
         return _once(model, connect_nats)
     # Imported here: textual is in the `watch` extra, and only the live view needs it.

@@ -16,7 +16,6 @@ import functools
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import textwrap
@@ -29,7 +28,8 @@ from monarch.broker.connect import connect
 from monarch.broker.intake import subscribe_ordered
 from monarch.supervision import liveness
 from monarch.supervision.liveness import QUIET, STALL, Heartbeater, Watcher
-from tests.helpers import descendants, pid_alive, run_in_own_loop, wait_until
+from tests import helpers
+from tests.helpers import run_in_own_loop, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,31 +51,7 @@ def cpu_load(processes: int | None = None, seconds: float = 60.0):
             hog.wait(timeout=10)
 
 
-def run_client(tmp_path: Path, body: str, timeout: float = 90.0, **env: str):
-    """Run ``body`` as a client script; its return code, stdout and stderr."""
-    script = tmp_path / "client.py"
-    script.write_text(textwrap.dedent(body))
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "MONARCH_HEARTBEAT_INTERVAL": "0.2", **env}
-    p = subprocess.Popen(
-        [sys.executable, str(script)],
-        env=full_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        left = sorted(descendants(p.pid))
-        p.kill()
-        for pid in left:
-            if pid_alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        out, err = p.communicate(timeout=10)
-        raise AssertionError(
-            f"client script did not finish in {timeout} s:\n{out}\n{err}"
-        ) from None
-    return p.returncode, out, err
+run_client = helpers.run_client
 
 
 def test_tensor_argument_to_init_of_a_4_proc_mesh_under_load_kills_no_proc(tmp_path, nats_url):

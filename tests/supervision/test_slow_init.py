@@ -14,48 +14,21 @@ keeps the defaults).
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
 from monarch.actor import SpawnError, this_host
-from tests.helpers import descendants, pid_alive
+from tests import helpers
 from tests.supervision.init_actors import DiesInInit
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_client(tmp_path: Path, body: str, timeout: float = 120.0, **env: str):
-    """Run ``body`` as a client script; its return code, stdout, stderr and end time."""
-    script = tmp_path / "client.py"
-    script.write_text(textwrap.dedent(body))
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "MONARCH_HEARTBEAT_INTERVAL": "0.2", **env}
-    p = subprocess.Popen(
-        [sys.executable, str(script)],
-        env=full_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        left = sorted(descendants(p.pid))
-        p.kill()
-        for pid in left:
-            if pid_alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        out, err = p.communicate(timeout=10)
-        raise AssertionError(
-            f"client script did not finish in {timeout} s:\n{out}\n{err}"
-        ) from None
-    return p.returncode, out, err, time.time()
+    """:func:`tests.helpers.run_client`, and when the script ended."""
+    return (*helpers.run_client(tmp_path, body, timeout, **env), time.time())
 
 
 @pytest.mark.parametrize("cls", ["SlowInit", "SlowAsyncInit"])

@@ -402,3 +402,26 @@ class WatchModel:
             "endpoints": series,
             "procs": procs,
         }
+
+
+def model_for(args: Any, command: str) -> tuple[WatchModel, Any] | int:
+    """What ``monarch top`` and ``monarch dashboard`` both start from: the model of the
+    job their arguments name, and a coroutine function that connects to its broker.
+    An exit code instead when the arguments are wrong (said on stderr)."""
+    import sys
+
+    # Imported when a watching command runs, so that `monarch --help` stays fast.
+    from monarch.broker.config import settings
+    from monarch.cli.main import broker_url
+    from monarch.hosts.connect import connect
+
+    url, ns = broker_url(args), settings().namespace
+    if args.interval <= 0:
+        print(f"monarch {command}: --interval must be more than 0 seconds", file=sys.stderr)
+        return 2
+    model = WatchModel(ns, interval=args.interval, history_seconds=args.history)
+
+    async def connect_nats() -> Any:
+        return await connect(url, f"monarch-{command}", timeout=args.connect_timeout)
+
+    return model, connect_nats
