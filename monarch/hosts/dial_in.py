@@ -314,20 +314,26 @@ async def _reply(writer: asyncio.StreamWriter, **fields: Any) -> None:
     await writer.drain()
 
 
-async def dial(worker: str, timeout: float) -> tuple[str, asyncio.StreamWriter] | None:
+async def dial(
+    worker: str, timeout: float, push_timeout: float | None = None
+) -> tuple[str, asyncio.StreamWriter] | None:
     """Say hello to the worker at ``worker``: its agent's uid and the lifeline to keep.
 
-    None when nobody listens there (yet); RuntimeError when the worker refuses.
+    None when nobody listens there (yet), or the connection is not made within
+    ``push_timeout`` (default ``timeout``); RuntimeError when the worker
+    refuses or does not answer. ``push_timeout`` bounds handing the worker our
+    settings (connect, its opening line); ``timeout`` its agent's start.
     """
     address, _ = split_address(worker)
+    push = max(0.05, timeout if push_timeout is None else push_timeout)
     try:
-        reader, writer = await open_connection(address)
-    except OSError:
+        reader, writer = await asyncio.wait_for(open_connection(address), push)
+    except (OSError, asyncio.TimeoutError):
         return None
     env = {k: v for k, v in os.environ.items() if k.startswith("MONARCH_") and k != KEY_ENV}
     hello: dict[str, Any] = {"env": env, "pid": os.getpid(), "timeout": max(1.0, timeout)}
     try:
-        opening = json.loads(await asyncio.wait_for(reader.readline(), max(1.0, timeout)) or b"{}")
+        opening = json.loads(await asyncio.wait_for(reader.readline(), push) or b"{}")
         key = os.environ.get(KEY_ENV)
         if key and isinstance(opening.get("challenge"), str):
             hello["proof"] = _proof(key, opening["challenge"])
