@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import pickle
 import time
 
@@ -14,6 +15,7 @@ import pytest
 
 from monarch.actor import (
     Actor,
+    Extent,
     ProcId,
     ProcMesh,
     Uid,
@@ -22,6 +24,7 @@ from monarch.actor import (
     returns_future,
     this_host,
 )
+from monarch.actors.procs.mesh_table import per_host_of
 from monarch.experimental import ThreadTimeout, ThreadTimeoutError
 
 # -- returns_future -------------------------------------------------------------------
@@ -178,4 +181,78 @@ def test_thread_timeout_is_single_use_not_nested_and_positive():
             1 / 0  # noqa: B018
     assert issubclass(ThreadTimeoutError, BaseException)
     assert not issubclass(ThreadTimeoutError, Exception)
-    assert ProcMesh  # imported for the tests below
+
+
+# -- ProcMesh.to_table / from_host_mesh, HostMesh.stream_logs ------------------------
+
+
+class Says(Actor):
+    @endpoint
+    def say(self, text: str) -> int:
+        print(text, flush=True)
+        return os.getpid()
+
+    @endpoint
+    def env(self, name: str) -> str | None:
+        return os.environ.get(name)
+
+
+def set_marker() -> None:
+    os.environ["NAMES36_SETUP"] = "ran"
+
+
+def test_from_host_mesh_starts_procs_and_to_table_says_where_each_runs(nats_url):
+    hosts = this_host()
+    procs = ProcMesh.from_host_mesh(hosts, None, Extent(["hosts", "gpus"], [1, 3]), set_marker)
+    try:
+        assert dict(procs.extent.items()) == {"hosts": 1, "gpus": 3}
+        says = procs.spawn("says_env", Says)
+        assert list(says.env.call("NAMES36_SETUP").get(timeout=60).values()) == ["ran"] * 3
+        assert len(set(says.say.call("up").get(timeout=60).values())) == 3  # three processes
+        print(procs.to_table())
+        table = procs.to_table().splitlines()
+        assert [c.strip() for c in table[1].split("|")[2:5]] == ["gpus=0", "gpus=1", "gpus=2"]
+        assert [c.strip() for c in table[3].split("|")[2:5]] == ["0.gpu[0]", "0.gpu[1]", "0.gpu[2]"]
+        # a slice keeps each proc's place
+        sliced = procs.slice(gpus=slice(1, 3)).to_table()
+        assert "0.gpu[1]" in sliced and "0.gpu[2]" in sliced and "0.gpu[0]" not in sliced
+    finally:
+        procs.stop().get(timeout=60)
+    with pytest.raises(NotImplementedError, match="no Rust proc mesh"):
+        ProcMesh.from_host_mesh(hosts, object())
+    # a region for a two-host mesh: its dimensions first, or only the per-host ones
+    two_hosts = Extent(["hosts"], [2])
+    assert per_host_of(two_hosts, Extent(["hosts", "gpus"], [2, 4])) == {"gpus": 4}
+    assert per_host_of(two_hosts, {"gpus": 4}) == {"gpus": 4}
+    with pytest.raises(ValueError, match="repeats dimensions"):
+        per_host_of(two_hosts, {"gpus": 2, "hosts": 3})
+
+
+def test_to_table_of_three_dimensions_has_a_table_per_outer_coordinate(nats_url):
+    procs = this_host().spawn_procs(per_host={"racks": 2, "nodes": 1, "gpus": 2}, name="tbl")
+    try:
+        table = procs.to_table()
+    finally:
+        procs.stop().get(timeout=60)
+    blocks = table.split("\n\n")
+    assert [b.splitlines()[0] for b in blocks] == ["racks=0", "racks=1"]
+    assert "0.gpu[0]" in blocks[0] and "0.gpu[1]" in blocks[0]
+    assert "0.gpu[2]" in blocks[1] and "0.gpu[3]" in blocks[1]
+    assert table.count(".gpu[") == 4
+
+
+def test_host_mesh_stream_logs_is_true_and_procs_output_reaches_the_client(nats_url, capsys):
+    hosts = this_host()
+    assert hosts.stream_logs is True
+    procs = hosts.spawn_procs(per_host={"gpus": 1}, name="streamed")
+    try:
+        procs.logging_option(aggregate_window_sec=None).get(timeout=30)
+        procs.spawn("says", Says).say.call("streamed to the client").get(timeout=60)
+        deadline = time.monotonic() + 30
+        out = ""
+        while "streamed to the client" not in out and time.monotonic() < deadline:
+            out += capsys.readouterr().out
+            time.sleep(0.05)
+        assert "[says[0]] streamed to the client" in out
+    finally:
+        procs.stop().get(timeout=60)
