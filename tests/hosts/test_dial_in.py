@@ -19,6 +19,7 @@ import pytest
 
 from monarch.actor import Actor, Future, attach_to_workers, context, endpoint
 from monarch.config import configured
+from monarch.job import new_service_proc_id, service_proc_addr
 from tests.helpers import signal_storm, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -255,6 +256,29 @@ def test_mesh_attach_config_timeout_bounds_reaching_a_worker_not_its_start(nats_
         with configured(mesh_attach_config_timeout="5s"):
             hosts = attach_to_workers(workers=[listening], timeout=120)
         where = hosts.spawn_procs(per_host={"gpus": 1}).spawn("where_cfg", Where)
+        assert list(where.rank.call().get(timeout=60).values()) == [0]
+        hosts.shutdown().get(timeout=60)
+        assert worker.wait(timeout=60) == 0
+    finally:
+        worker.stdout.close()
+        if worker.poll() is None:
+            stop_workers([worker])
+
+
+def test_a_worker_started_with_a_service_identity_takes_only_clients_naming_it(nats_url, tmp_path):
+    """``service_proc_addr(address, ProcId)`` (Monarch's ``ID@address``): the worker
+    listens at the address; a client naming that identity attaches, one naming
+    another is refused with both identities in the error."""
+    identity = new_service_proc_id()
+    address = f"ipc://{tmp_path}/service"
+    worker = start_worker(service_proc_addr(address, identity), stdout=subprocess.PIPE)
+    try:
+        assert "listening" in worker.stdout.readline().decode()
+        with pytest.raises(RuntimeError, match="names another worker") as refused:
+            attach_to_workers(workers=[service_proc_addr(address, new_service_proc_id())])
+        assert str(identity) in str(refused.value)
+        hosts = attach_to_workers(workers=[service_proc_addr(address, identity)], timeout=60)
+        where = hosts.spawn_procs(per_host={"gpus": 1}).spawn("where_id", Where)
         assert list(where.rank.call().get(timeout=60).values()) == [0]
         hosts.shutdown().get(timeout=60)
         assert worker.wait(timeout=60) == 0
