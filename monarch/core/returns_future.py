@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import inspect
 import threading
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, ParamSpec, TypeVar
@@ -91,7 +92,7 @@ class _DeferredFuture(Future[R]):
 
 def returns_future(fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Future[R]]:
     """Make the ``async def`` ``fn`` return a :class:`Future` of its result (see the module)."""
-    if not asyncio.iscoroutinefunction(fn):
+    if not inspect.iscoroutinefunction(fn):
         raise TypeError(f"@returns_future needs an async def, got {fn!r}")
 
     @functools.wraps(fn)

@@ -367,7 +367,7 @@ async def dial(
         line = await asyncio.wait_for(reader.readline(), max(1.0, timeout))
     except (OSError, ValueError, asyncio.TimeoutError) as e:
         writer.close()
-        raise RuntimeError(f"worker {address} did not answer within {timeout:.0f} s: {e!r}") from e
+        raise RuntimeError(f"worker {address} did not answer the client's hello: {e!r}") from e
     reply = json.loads(line) if line else {"error": "it closed the connection"}
     if "uid" not in reply:
         writer.close()
