@@ -29,6 +29,7 @@ import threading
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, ParamSpec, TypeVar
 
+from monarch.core import future as _future
 from monarch.core.future import Future, _coroutine_loop, _loop_thread_ids
 
 P = ParamSpec("P")
@@ -72,6 +73,18 @@ class _DeferredFuture(Future[R]):
             self.set_result(task.result())
 
     def get(self, timeout: float | None = None) -> R:
+        if not self._cf.done() and _on_helper_loop():
+            # Its body would be queued behind the very body that now blocks: a deadlock.
+            # The future fails with the error; a body not yet started never will.
+            error = RuntimeError(
+                "Future.get() of a @returns_future function inside another one's body "
+                "would deadlock: await it there instead"
+            )
+            body = self._take_body()
+            if body is None:
+                raise error  # started elsewhere: its outcome stays its own
+            body.close()
+            self.set_exception(error)
         if self._body is not None and threading.get_ident() not in _loop_thread_ids:
             loop = _coroutine_loop()
             loop.call_soon_threadsafe(self._start_on, loop)
@@ -88,6 +101,15 @@ class _DeferredFuture(Future[R]):
         body = getattr(self, "_body", None)
         if body is not None:
             body.close()  # never observed: none of its code runs (and no "never awaited" warning)
+
+
+def _on_helper_loop() -> bool:
+    """Whether the calling code runs on the helper loop that ``get()`` runs bodies on."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return running is _future._coro_loop
 
 
 def returns_future(fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Future[R]]:

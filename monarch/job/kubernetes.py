@@ -13,7 +13,8 @@ Two kinds of mesh, as in Monarch:
 * *pre-provisioned* (``add_mesh(name, n)``): the pods exist already (the
   ``monarch-hosts`` Deployment, your own); ``state()`` waits for ``n`` agents
   labelled ``mesh=<name>`` (or those of ``label_selector``: ``k=v`` terms, which
-  the agents must carry as ``--labels``). ``kill()`` raises, as Monarch's: the
+  the agents must carry as ``--labels``), ranked by agent (pod) name, where
+  Monarch ranks by the pod-index label. ``kill()`` raises, as Monarch's: the
   job did not make those pods.
 * *provisioned* (``image_spec=`` or ``pod_template=``): ``apply()`` creates a
   StatefulSet of such pods with ``kubectl apply`` (Monarch creates a

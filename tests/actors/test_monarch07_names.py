@@ -91,6 +91,16 @@ def test_returns_future_in_async_and_sync_endpoints_sees_the_callers_context(nat
         procs.stop().get(timeout=60)
 
 
+@returns_future
+async def gets_another() -> str:
+    return record("inner").get(timeout=5)
+
+
+def test_returns_future_get_inside_a_body_that_get_runs_says_await_instead():
+    with pytest.raises(RuntimeError, match="await it there instead"):
+        gets_another().get(timeout=30)
+
+
 def test_returns_future_refuses_a_plain_function():
     with pytest.raises(TypeError, match="async def"):
         returns_future(lambda: 1)  # type: ignore[arg-type]
