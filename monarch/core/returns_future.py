@@ -16,7 +16,9 @@ Where the body runs, here:
   running, as for every Future of ours, so a later ``get`` still sees the result.
 
 The body runs in a copy of the caller's context variables taken at the call,
-so it sees the calling actor's ``context()``.
+so it sees the calling actor's ``context()``. Inside a body, ``await`` other
+such futures: a ``.get()`` of one there would wait on the loop it blocks, so
+it raises ``RuntimeError`` instead (Monarch raises its ``WouldBlockRuntime``).
 """
 
 from __future__ import annotations
