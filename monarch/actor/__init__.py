@@ -59,6 +59,8 @@ from monarch.actors.procs.proc_mesh import ProcMesh, this_proc
 from monarch.broker import config
 from monarch.broker.connect import BrokerConnectionError
 from monarch.core.future import Future
+from monarch.core.ids import ProcId, Uid
+from monarch.core.returns_future import returns_future
 from monarch.hosts.attach import (
     attach_to_workers,
     hosts_from_config,
@@ -94,11 +96,13 @@ __all__ = [
     "Point",
     "Port",
     "PortReceiver",
+    "ProcId",
     "ProcMesh",
     "ProcStartError",
     "RemoteException",
     "SpawnError",
     "SupervisionError",
+    "Uid",
     "ValueMesh",
     "as_endpoint",
     "attach_to_workers",
@@ -118,6 +122,7 @@ __all__ = [
     "hosts_from_config",
     "local_proc_mesh",
     "proc_mesh",
+    "returns_future",
     "run_worker_loop_forever",
     "run_worker_loop_until_shutdown",
     "start_worker_loop_forever",

@@ -142,6 +142,13 @@ class Settings(BaseModel):
         "of life (no heartbeat, no answer) while actors are spawned on it; a slow __init__ on "
         "live procs is waited for.",
     )
+    attach_timeout: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds attach_to_workers gives a worker given by address (tcp://, ipc://) "
+        "to take the client's hello (its settings) before the attach fails naming it; read "
+        "when attaching (Monarch's mesh_attach_config_timeout).",
+    )
     zygote: bool = Field(
         True, description="Fork procs from a pre-imported template process (fast spawns)."
     )

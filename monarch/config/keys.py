@@ -137,6 +137,8 @@ MAPPED: dict[str, Mapped] = {
     # A graceful stop of actors / procs before they are killed.
     "stop_actor_timeout": _seconds("stop_timeout"),
     "mesh_terminate_timeout": _seconds("stop_timeout"),
+    # How long a worker given by address has to take the client's hello (its config).
+    "mesh_attach_config_timeout": _seconds("attach_timeout"),
     # The kernel's parent-death signal on spawned procs.
     "mesh_bootstrap_enable_pdeathsig": Mapped("die_with_parent", _bool, lambda v: v),
     # Body encoding: Json is our JSON wire; Bincode and Multipart are msgpack here.
@@ -185,7 +187,6 @@ INERT: dict[str, Any] = {
     "mesh_admin_resolve_actor_timeout": "200ms",
     "mesh_admin_single_host_timeout": "3s",
     "mesh_admin_tree_timeout": "10s",
-    "mesh_attach_config_timeout": "1m",
     "mesh_orphan_timeout": "1m",
     "mesh_terminate_concurrency": 16,
     "message_ack_every_n_messages": 1000,

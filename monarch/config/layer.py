@@ -15,7 +15,7 @@ them. So once it has started, a change to one of our settings is refused
 :func:`configured`, :func:`clear_runtime_config`) keeps such a setting as the
 running runtime has it, with a warning, until ``shutdown_context()``.
 Monarch keys that mean nothing here (:data:`keys.INERT`) may change at any
-time.
+time, and so may ``mesh_attach_config_timeout``, read by each attach.
 """
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ _lock = threading.RLock()
 _layer: dict[str, Any] = {}  # key as the user wrote it -> checked value, in order set
 _saved_env: dict[str, str | None] = {}  # MONARCH_* variable -> its value before we set it
 _SECRETS = ("nats_token", "nats_password", "nats_job_key")
+# Settings the runtime does not fix when it starts: each use reads the current
+# value (attach_to_workers reads attach_timeout when called), so they may change
+# while it runs.
+_READ_WHEN_USED = frozenset({"attach_timeout"})
 
 
 def configure(**kwargs: Any) -> None:
@@ -80,7 +84,9 @@ def get_global_config() -> dict[str, Any]:
     with _lock:
         # A running runtime's settings are the ones in effect; before it starts,
         # the environment as it is now (what the runtime will read when it starts).
-        current = _running_settings() or Settings.from_env()
+        now = Settings.from_env()
+        current = _running_settings() or now
+        current = current.model_copy(update={n: getattr(now, n) for n in _READ_WHEN_USED})
         out: dict[str, Any] = {}
         for key in keys.INERT:
             out[key] = _layer[key] if key in _layer else keys.inert_default(key)
@@ -220,7 +226,11 @@ def _refuse_changes_while_running(overrides: dict[str, Any]) -> None:
     if running is None:
         return
     wanted = _validate(overrides, names={})
-    changed = [n for n in overrides if getattr(wanted, n) != getattr(running, n)]
+    changed = [
+        n
+        for n in overrides
+        if n not in _READ_WHEN_USED and getattr(wanted, n) != getattr(running, n)
+    ]
     if changed:
         raise RuntimeError(
             f"monarch.configure: {', '.join(changed)} cannot change while this process's "
@@ -237,7 +247,9 @@ def _restore(layer: dict[str, Any]) -> None:
         kept = {
             n: getattr(running, n)
             for n in Settings.model_fields
-            if getattr(wanted, n) != getattr(running, n) and n in _effective(_layer)
+            if n not in _READ_WHEN_USED
+            and getattr(wanted, n) != getattr(running, n)
+            and n in _effective(_layer)
         }
         if kept:
             warnings.warn(

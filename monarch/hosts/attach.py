@@ -80,6 +80,7 @@ async def find_hosts(
     labels: dict[str, str] | None = None,
     timeout: float = 60.0,
     lifelines: list[Any] | None = None,
+    push_timeout: float | None = None,
 ) -> list[HostInfo]:
     """Registered, beating agents: the named ``workers``, ``count`` of them, or all.
 
@@ -88,17 +89,24 @@ async def find_hosts(
     by name then uid. Given ``lifelines``, a worker that is an address is also
     dialled (see :mod:`monarch.hosts.dial_in`); the connection of each that
     answers is appended there, for the caller to keep open while it uses it.
+    An address that neither answers nor names a registered agent within
+    ``push_timeout`` seconds (Monarch's ``mesh_attach_config_timeout``) fails
+    the search then, naming it: its worker never took our settings.
     """
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
+    push_deadline = start + min(timeout, push_timeout if push_timeout is not None else timeout)
     workers = list(workers) if workers is not None else None
     async with HeartbeatSeen(nc, namespace) as seen:
         while True:
             if workers is not None and lifelines is not None:
-                await _dial_workers(workers, lifelines, deadline)
+                await _dial_workers(workers, lifelines, deadline, push_deadline)
             hosts = [h for h in await list_hosts(nc, namespace) if h.has_labels(labels)]
             chosen, missing = _pick(hosts, seen, workers, count)
             if chosen is not None:
                 return chosen
+            if workers is not None and lifelines is not None and time.monotonic() >= push_deadline:
+                _fail_unreached(workers, hosts, push_deadline - start)
             if time.monotonic() >= deadline:
                 known = ", ".join(f"{h.name} ({h.uid})" for h in hosts) or "none"
                 raise TimeoutError(
@@ -109,11 +117,28 @@ async def find_hosts(
             await asyncio.sleep(_POLL)
 
 
-async def _dial_workers(workers: list[str], lifelines: list[Any], deadline: float) -> None:
+def _fail_unreached(workers: list[str], hosts: list[HostInfo], waited: float) -> None:
+    """Raise naming the addresses whose workers never answered and that name no agent."""
+    unreached = [
+        w for w in workers if dial_in.is_dialable(w) and not any(h.matches(w) for h in hosts)
+    ]
+    if unreached:
+        raise TimeoutError(
+            f"attach failed: config push failed during attach: no worker took the client's "
+            f"settings at {', '.join(unreached)} within {waited:g} s "
+            "(mesh_attach_config_timeout, MONARCH_ATTACH_TIMEOUT). Is "
+            "run_worker_loop_forever(address=...) running there?"
+        )
+
+
+async def _dial_workers(
+    workers: list[str], lifelines: list[Any], deadline: float, push_deadline: float
+) -> None:
     """Replace each address in ``workers`` whose worker answers by its agent's uid."""
     todo = [i for i, w in enumerate(workers) if dial_in.is_dialable(w)]
-    left = max(1.0, deadline - time.monotonic())
-    answers = await asyncio.gather(*(dial_in.dial(workers[i], left) for i in todo))
+    now = time.monotonic()
+    left, push_left = max(1.0, deadline - now), push_deadline - now
+    answers = await asyncio.gather(*(dial_in.dial(workers[i], left, push_left) for i in todo))
     for i, answer in zip(todo, answers):
         if answer is not None:
             workers[i], line = answer
@@ -144,7 +169,9 @@ def attach_to_workers(
     ``workers``: agent names, uids or addresses (``str`` or ``Future[str]``), in
     mesh order; ``hosts``: just a count; neither: every live agent. ``labels``
     keeps agents started with all of those ``--labels``. Raises TimeoutError
-    after ``timeout`` seconds. TLS is the broker's business here: ``ca`` and
+    after ``timeout`` seconds, or sooner for an address whose worker does not
+    take the client's settings within ``mesh_attach_config_timeout``
+    (``monarch.configure``; ``MONARCH_ATTACH_TIMEOUT``; read at each call). TLS is the broker's business here: ``ca`` and
     ``private_key`` must stay at their defaults (use ``MONARCH_NATS_TLS_*``).
     """
     del name  # Monarch's name for the mesh; ours are found by their agents' names
@@ -162,7 +189,7 @@ def attach_to_workers(
     lifelines: list[Any] = []
     coro = find_hosts(
         rt.nc, rt.namespace, workers=names, count=hosts, labels=labels, timeout=timeout,
-        lifelines=lifelines,
+        lifelines=lifelines, push_timeout=settings().attach_timeout,
     )  # fmt: skip
     try:
         found = rt.run_coro(coro).result(timeout + 30)

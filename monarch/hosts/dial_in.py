@@ -113,9 +113,22 @@ def _is_loopback(writer: asyncio.StreamWriter) -> bool:
     return bool(peer) and ipaddress.ip_address(peer[0].split("%")[0]).is_loopback
 
 
+def split_identity(address: str) -> tuple[str | None, str]:
+    """``(identity, address)`` of ``ID@address`` (``monarch.job.service_proc_addr``'s form).
+
+    The identity is the part before the first ``@`` when it is no address
+    itself (has no ``://``): ``service<...>@tcp://h:p``, but not ``dial@bind``.
+    """
+    head, sep, rest = address.partition("@")
+    if sep and "://" not in head and not head.startswith("unix:"):
+        return head, rest
+    return None, address
+
+
 def split_address(address: str) -> tuple[str, str]:
-    """``(dial, bind)`` of a Monarch worker address (``dial@bind`` or just one)."""
-    dial, _, bind = address.partition("@")
+    """``(dial, bind)`` of a Monarch worker address (``dial@bind`` or just one; an
+    ``ID@`` identity in front is left out)."""
+    dial, _, bind = split_identity(address)[1].partition("@")
     return dial, bind or dial
 
 
@@ -179,6 +192,9 @@ class DialInWorker:
         capacity: int | None = None,
     ) -> None:
         self.dial, self.bind = split_address(address)
+        # The service identity it was started with (ID@address): a client that names
+        # another one meant another worker (one that was here before, say) and is refused.
+        self.identity = split_identity(address)[0]
         self.name, self.labels, self.capacity = name, labels, capacity
         self._busy: int | None = None  # pid of the client being served
         # Set once the client being served hung up (its agent is being closed), and
@@ -209,6 +225,12 @@ class DialInWorker:
 
     def _refusal(self, writer: asyncio.StreamWriter, hello: dict, challenge: str) -> str | None:
         """Why this client may not attach (see the module's docstring), or None."""
+        wanted = hello.get("identity")
+        if self.identity is not None and wanted is not None and wanted != self.identity:
+            return (
+                f"worker {self.dial} is service {self.identity}, not {wanted}: "
+                "the client's address names another worker"
+            )
         key = os.environ.get(KEY_ENV)
         proof = hello.get("proof")
         if key and isinstance(proof, str) and hmac.compare_digest(proof, _proof(key, challenge)):
@@ -314,20 +336,29 @@ async def _reply(writer: asyncio.StreamWriter, **fields: Any) -> None:
     await writer.drain()
 
 
-async def dial(worker: str, timeout: float) -> tuple[str, asyncio.StreamWriter] | None:
+async def dial(
+    worker: str, timeout: float, push_timeout: float | None = None
+) -> tuple[str, asyncio.StreamWriter] | None:
     """Say hello to the worker at ``worker``: its agent's uid and the lifeline to keep.
 
-    None when nobody listens there (yet); RuntimeError when the worker refuses.
+    None when nobody listens there (yet), or the connection is not made within
+    ``push_timeout`` (default ``timeout``); RuntimeError when the worker
+    refuses or does not answer. ``push_timeout`` bounds handing the worker our
+    settings (connect, its opening line); ``timeout`` its agent's start.
     """
     address, _ = split_address(worker)
+    push = max(0.05, timeout if push_timeout is None else push_timeout)
     try:
-        reader, writer = await open_connection(address)
-    except OSError:
+        reader, writer = await asyncio.wait_for(open_connection(address), push)
+    except (OSError, asyncio.TimeoutError):
         return None
     env = {k: v for k, v in os.environ.items() if k.startswith("MONARCH_") and k != KEY_ENV}
     hello: dict[str, Any] = {"env": env, "pid": os.getpid(), "timeout": max(1.0, timeout)}
+    identity = split_identity(worker)[0]
+    if identity is not None:
+        hello["identity"] = identity
     try:
-        opening = json.loads(await asyncio.wait_for(reader.readline(), max(1.0, timeout)) or b"{}")
+        opening = json.loads(await asyncio.wait_for(reader.readline(), push) or b"{}")
         key = os.environ.get(KEY_ENV)
         if key and isinstance(opening.get("challenge"), str):
             hello["proof"] = _proof(key, opening["challenge"])
@@ -336,7 +367,7 @@ async def dial(worker: str, timeout: float) -> tuple[str, asyncio.StreamWriter] 
         line = await asyncio.wait_for(reader.readline(), max(1.0, timeout))
     except (OSError, ValueError, asyncio.TimeoutError) as e:
         writer.close()
-        raise RuntimeError(f"worker {address} did not answer within {timeout:.0f} s: {e!r}") from e
+        raise RuntimeError(f"worker {address} did not answer the client's hello: {e!r}") from e
     reply = json.loads(line) if line else {"error": "it closed the connection"}
     if "uid" not in reply:
         writer.close()

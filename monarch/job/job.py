@@ -15,9 +15,10 @@ them. Subclasses implement four methods: ``_create(client_script)``,
 ``_state() -> JobState``, ``_kill()`` and ``can_run(spec)``.
 
 ``enable_telemetry(TelemetryConfig(...))`` turns on our telemetry
-(:mod:`monarch.job.telemetry_config`). Not here (Monarch 0.7's mesh-admin
-side services): ``enable_admin``, ``profile``, ``remote_mount``,
-``gather_mount``; they raise NotImplementedError.
+(:mod:`monarch.job.telemetry_config`); ``enable_admin(MeshAdminConfig(...))``
+is accepted and starts nothing, the broker being the admin endpoint
+(:mod:`monarch.job.admin`). Not here (Monarch 0.7's other side services):
+``profile``, ``remote_mount``, ``gather_mount``; they raise NotImplementedError.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from monarch.actor import HostMesh, this_host
+from monarch.job.admin import MeshAdminConfig, admin_config
 from monarch.job.command import exec_command
 from monarch.job.telemetry_config import TelemetryConfig, apply_telemetry_config
 
@@ -105,6 +107,8 @@ class JobTrait(ABC):
     ``_create``, ``_state``, ``_kill`` and ``can_run``; they never set the
     status themselves (``apply`` does, after ``_create`` returns).
     """
+
+    admin_config: MeshAdminConfig | None = None  # enable_admin's, if called (kept when pickled)
 
     def __init__(self) -> None:
         # No arguments, as in Monarch: subclass constructors carry the spec.
@@ -228,14 +232,29 @@ class JobTrait(ABC):
 
     # -- Monarch's side services (not supported here) -------------------------------
 
-    def enable_telemetry(self, config: TelemetryConfig | None = None) -> JobTrait:
+    def enable_telemetry(
+        self,
+        config: TelemetryConfig | None = None,
+        *,
+        mesh_admin_config: MeshAdminConfig | None = None,
+        **kwargs: Any,
+    ) -> JobTrait:
         """Record this job's telemetry (``monarch query``; docs/telemetry.md). Before the
-        first mesh: it sets ``MONARCH_TELEMETRY=1`` for the client and its procs."""
-        apply_telemetry_config(config)
+        first mesh: it sets ``MONARCH_TELEMETRY=1`` for the client and its procs.
+        ``kwargs`` are ``TelemetryConfig``'s fields; ``mesh_admin_config`` is
+        :meth:`enable_admin`'s, as in Monarch."""
+        if config is not None and kwargs:
+            raise TypeError("enable_telemetry takes a TelemetryConfig or its fields, not both")
+        apply_telemetry_config(config if config is not None else TelemetryConfig(**kwargs))
+        if mesh_admin_config is not None:
+            self.enable_admin(mesh_admin_config)
         return self
 
-    def enable_admin(self, *args: Any, **kwargs: Any) -> JobTrait:
-        raise NotImplementedError("the mesh admin service is not supported by monarch over NATS")
+    def enable_admin(self, config: MeshAdminConfig | None = None, **kwargs: Any) -> JobTrait:
+        """Monarch's admin server, which is the broker here: checks and keeps ``config``
+        (``admin_config``), starts nothing (:mod:`monarch.job.admin` says why)."""
+        self.admin_config = admin_config(config, kwargs)
+        return self
 
     def remote_mount(self, *args: Any, **kwargs: Any) -> None:
         raise NotImplementedError("remote_mount (FUSE) is not supported by monarch over NATS")

@@ -284,6 +284,7 @@ MONARCH_ACTOR_ALL = [
     "hosts_from_config", "Port", "PortReceiver", "Endpoint", "Extent", "run_worker_loop_forever",
     "attach_to_workers", "enable_transport", "Context", "ChannelTransport",
     "unhandled_fault_hook", "MeshFailure", "config", "gpu_direct_rdma_supported",
+    "ProcId", "Uid", "returns_future",
 ]  # fmt: skip
 
 

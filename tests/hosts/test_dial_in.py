@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 
 from monarch.actor import Actor, Future, attach_to_workers, context, endpoint
+from monarch.config import configured
+from monarch.job import new_service_proc_id, service_proc_addr
 from tests.helpers import signal_storm, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -231,6 +233,59 @@ def test_attach_to_an_address_nobody_listens_on_fails_within_its_timeout(nats_ur
     missing = f"ipc://{tmp_path}/never-bound"
     with pytest.raises(TimeoutError, match="never-bound"):
         attach_to_workers(workers=[missing], timeout=2)
+
+
+def test_mesh_attach_config_timeout_bounds_reaching_a_worker_not_its_start(nats_url, tmp_path):
+    """Monarch's ``mesh_attach_config_timeout``: an address nobody listens on fails
+    once it has passed (not at the attach's own 120 s), naming the address; a
+    worker that listens is reached within it and attaches, however long its
+    agent then takes to start. Set while the runtime runs: it is read per attach."""
+    missing = f"ipc://{tmp_path}/never-bound"
+    with configured(mesh_attach_config_timeout="500ms") as config:
+        assert config["mesh_attach_config_timeout"] == "500ms"
+        with pytest.raises(TimeoutError) as failed:
+            attach_to_workers(workers=[missing], timeout=120)
+    message = str(failed.value)
+    assert message.startswith("attach failed: config push failed during attach")
+    assert f"{tmp_path}/never-bound" in message and "within 0.5 s" in message
+
+    listening = f"ipc://{tmp_path}/worker"
+    worker = start_worker(listening, stdout=subprocess.PIPE)
+    try:
+        assert "listening" in worker.stdout.readline().decode()
+        with configured(mesh_attach_config_timeout="5s"):
+            hosts = attach_to_workers(workers=[listening], timeout=120)
+        where = hosts.spawn_procs(per_host={"gpus": 1}).spawn("where_cfg", Where)
+        assert list(where.rank.call().get(timeout=60).values()) == [0]
+        hosts.shutdown().get(timeout=60)
+        assert worker.wait(timeout=60) == 0
+    finally:
+        worker.stdout.close()
+        if worker.poll() is None:
+            stop_workers([worker])
+
+
+def test_a_worker_started_with_a_service_identity_takes_only_clients_naming_it(nats_url, tmp_path):
+    """``service_proc_addr(address, ProcId)`` (Monarch's ``ID@address``): the worker
+    listens at the address; a client naming that identity attaches, one naming
+    another is refused with both identities in the error."""
+    identity = new_service_proc_id()
+    address = f"ipc://{tmp_path}/service"
+    worker = start_worker(service_proc_addr(address, identity), stdout=subprocess.PIPE)
+    try:
+        assert "listening" in worker.stdout.readline().decode()
+        with pytest.raises(RuntimeError, match="names another worker") as refused:
+            attach_to_workers(workers=[service_proc_addr(address, new_service_proc_id())])
+        assert str(identity) in str(refused.value)
+        hosts = attach_to_workers(workers=[service_proc_addr(address, identity)], timeout=60)
+        where = hosts.spawn_procs(per_host={"gpus": 1}).spawn("where_id", Where)
+        assert list(where.rank.call().get(timeout=60).values()) == [0]
+        hosts.shutdown().get(timeout=60)
+        assert worker.wait(timeout=60) == 0
+    finally:
+        worker.stdout.close()
+        if worker.poll() is None:
+            stop_workers([worker])
 
 
 # -- who may attach (monarch.hosts.dial_in: attaching runs code as the worker's user) --

@@ -256,6 +256,17 @@ class HostMesh(MeshShapeOps):
         return [self._hosts[r] for r in self._view.ranks] if self._hosts is not None else []
 
     @property
+    def stream_logs(self) -> bool:
+        """Whether procs started here send their output to this client: always, here.
+
+        Monarch 0.7 fixes this per host mesh when it is made. Here every proc
+        mesh forwards its procs' stdout, stderr and log records to its owner
+        over the broker from the start; ``ProcMesh.logging_option(
+        stream_to_client=False)`` turns that off for one proc mesh.
+        """
+        return True
+
+    @property
     def is_fake_in_process(self) -> bool:
         """False: procs are always real OS processes here (never simulated in this process)."""
         return False

@@ -44,6 +44,7 @@ from monarch.actors.meshes.shape import Extent, View
 from monarch.actors.messaging import messages as m
 from monarch.actors.messaging.rpc import request_all
 from monarch.actors.process_state import actor_process
+from monarch.actors.procs import mesh_table
 from monarch.actors.procs.control_wait import ControlWait
 from monarch.actors.procs.launcher import Launcher, ProcHandle
 from monarch.actors.procs.log_collection import LogCollector, LogMode
@@ -384,9 +385,7 @@ class ProcMeshState:
                 for p in live_to_ask
             ]
             try:
-                await request_all(
-                    self.rt, requests, self.rt.settings.stop_timeout, absent_ok=True
-                )
+                await request_all(self.rt, requests, self.rt.settings.stop_timeout, absent_ok=True)
             except Exception as e:
                 log.warning("graceful stop of %r incomplete: %s", self.name, e)
         await self.launcher.wait_or_kill(live, timeout=5.0 if live_to_ask else 0.0)
@@ -733,6 +732,43 @@ class ProcMesh(MeshShapeOps):
         if hosts is None:
             raise NotImplementedError(f"proc mesh {st.name!r} does not know its host mesh")
         return hosts._host_at(self._view.ranks[0] // st.procs_per_host)
+
+    def to_table(self) -> str:
+        """A text table of where each proc runs: ``H.gpu[L]``, proc L of host H (Monarch 0.7).
+
+        Built from what this mesh knows (see :mod:`monarch.actors.procs.mesh_table`);
+        unlike Monarch's it needs no tensor engine, torch or tabulate.
+        """
+        return mesh_table.proc_table(
+            self._view.extent, self._view.ranks, self._state.procs_per_host
+        )
+
+    @classmethod
+    def from_host_mesh(
+        cls,
+        host_mesh: Any,
+        hy_proc_mesh: Any = None,
+        region: Any = None,
+        setup: Callable[[], Any] | None = None,
+        _attach_controller_controller: bool = True,
+    ) -> ProcMesh:
+        """Procs on every host of ``host_mesh``: its ``spawn_procs``, in Monarch 0.7's words.
+
+        In Monarch this wraps a proc mesh its Rust layer already started
+        (``hy_proc_mesh``); here there is none to wrap, so ``hy_proc_mesh``
+        must be None and the procs are started now. ``region`` gives their
+        dimensions (the host mesh's first, as Monarch's region, or only the
+        per-host ones); ``setup`` runs on each proc before its first actor
+        (``spawn_procs(bootstrap=...)``).
+        """
+        del _attach_controller_controller  # ours are always the caller's (it owns them)
+        if hy_proc_mesh is not None:
+            raise NotImplementedError(
+                "ProcMesh.from_host_mesh: there is no Rust proc mesh to wrap here; pass "
+                "hy_proc_mesh=None and the procs' dimensions as region"
+            )
+        per_host = mesh_table.per_host_of(host_mesh.extent, region)
+        return host_mesh.spawn_procs(per_host=per_host, bootstrap=setup)
 
     def __repr__(self) -> str:
         return f"<ProcMesh {self._state.name!r} {self._view.extent!r}>"
