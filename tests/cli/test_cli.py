@@ -33,8 +33,10 @@ def monarch(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 def test_help_lists_every_command():
     out = monarch("--help").stdout
-    for command in ("demo", "broker", "host", "ps", "tail", "jobs", "stacks", "debug", "query", "top", "dashboard"):
-        assert f"\n    {command} " in out
+    listed = {line.split()[0] for line in out.splitlines() if line.startswith("    ")}
+    for command in ("demo", "broker", "host", "ps", "tail", "jobs", "stacks", "debug", "query",
+                    "top", "dashboard"):  # fmt: skip
+        assert command in listed, out
 
 
 def test_broker_serves_jetstream_until_interrupted(tmp_path):
