@@ -43,6 +43,8 @@ from monarch.core.busy_poll import WAIT_HEADER, BusyPoll
 from monarch.core.future import mark_loop_thread
 
 log = logging.getLogger(__name__)
+# The pseudo port a proc answers port senders' flow markers on (monarch.actors.messaging.port_flow).
+FLOW_PORT = "flow"
 
 PortHandler = Callable[[Msg], None]
 
@@ -406,6 +408,11 @@ class Runtime:
         port_id = msg.subject.rsplit(".", 1)[-1]
         handler = self._ports.get(int(port_id)) if port_id.isdigit() else None
         if handler is None:
+            if port_id == FLOW_PORT and msg.reply:
+                # A port sender's flow marker (monarch.actors.messaging.port_flow): we have
+                # taken everything it sent before it off our intake.
+                self.publish(msg.reply, b"")
+                return
             log.debug("message for closed or unknown port %s", msg.subject)
             return
         handler(msg)
