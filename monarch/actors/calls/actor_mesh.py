@@ -408,12 +408,13 @@ class ActorMesh(MeshShapeOps, Generic[A]):
     def _hold(
         self, tokens: list[list[str]], body: bytes, headers: dict, gather: Any, reply: str
     ) -> bool:
-        """On the event loop with the window full (or messages already held): keep the
-        message in this process, in order, until markers come back (FlowControl.hold):
-        the loop must not block, and a send must not fail for a slow receiver. False
-        (send now) elsewhere; the caller's thread waits in :meth:`_flow` instead."""
+        """Called with the window full (or messages already held). On the event loop:
+        keep the message in this process, in order, until markers come back
+        (FlowControl.hold), as the loop must not block and a send must not fail for a
+        slow receiver. False (send now) elsewhere: a caller's thread waits in
+        :meth:`_flow` instead."""
         st = self._state
-        if not st.flow.must_hold() or st.local is not None or not st.rt.on_loop_thread():
+        if st.local is not None or not st.rt.on_loop_thread():
             return False
         st.flow.hold(len(body), lambda: self._release(tokens, body, headers, gather, reply))
         return True

@@ -60,12 +60,16 @@ class PortFlows:
         self.rt = rt
         self._flows: dict[str, PortFlow | None] = {}
         self._own = subjects.port(rt.namespace, rt.proc_uid, "")[:-1]
+        self._root = subjects.port(rt.namespace, "", "")[:-1]  # "mon.<ns>.port."
 
     def get(self, subject: str) -> PortFlow | None:
         """The flow control for the proc that ``subject`` (a port's) belongs to; None for
-        this proc's own ports (delivered in process)."""
+        this proc's own ports (delivered in process) and for a subject that is no proc's
+        port (a plain NATS inbox: nobody would answer a marker there)."""
         dest = subject[: subject.rfind(".")]
         flow = self._flows.get(dest, _UNSEEN)
         if flow is _UNSEEN:
-            flow = self._flows[dest] = None if dest == self._own else PortFlow(self.rt, dest)
+            root = self._root
+            theirs = dest != self._own and dest.startswith(root) and "." not in dest[len(root) :]
+            flow = self._flows[dest] = PortFlow(self.rt, dest) if theirs else None
         return flow
