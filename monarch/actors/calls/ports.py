@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar
 from monarch.actors.calls.context import context, sender_id
 from monarch.actors.errors import ActorError
 from monarch.actors.messaging import messages as m
-from monarch.actors.messaging.port_flow import PortFlow, PortFlows
+from monarch.actors.messaging.port_flow import OVERHEAD, PortFlow, PortFlows
 from monarch.actors.process_state import actor_process
 from monarch.broker.ext import register_ext
 from monarch.core.future import Future
@@ -77,7 +77,7 @@ class Port(Generic[R]):
                 return
             flow.wait_for_room(can_block=True)
         rt.call_soon(_post_reply, rt, subject, rank, body, headers)
-        if flow.count(len(body)):
+        if flow.count(len(body) + OVERHEAD):
             rt.call_soon(flow.send_marker)  # in order, right behind this message
 
     def __repr__(self) -> str:
@@ -94,7 +94,7 @@ def _post_counted(
 ) -> None:
     """On the loop: send a held message, then count it (and its marker when due)."""
     _post_reply(rt, subject, rank, body, headers)
-    if flow.count(len(body)):
+    if flow.count(len(body) + OVERHEAD):
         flow.send_marker()
 
 

@@ -10,9 +10,13 @@ destination proc: after every ``MONARCH_FLOW_BATCH`` messages or
 ``mon.<ns>.port.<proc>.flow``, on the same subscription and so in order behind
 those messages. The receiving proc's runtime answers it as soon as it takes it off
 its intake (:meth:`Runtime._on_port`), that is once it has read everything before
-it: no user code has to run. A proc that is gone answers through the broker
-("no responders"), which counts as an answer too, so a dead receiver does not hold
-senders back. A sender thread with a window of markers unanswered waits; a send on
+it: no user code has to run. Its answer says how many processes send to it
+(:mod:`monarch.core.flow_answers`), and each keeps to its share of the window, so
+that several senders to one proc add up to one window. A proc that is gone
+answers through the broker ("no responders"), which counts as an answer too, so a
+dead receiver does not hold senders back. A message counts as its body plus
+:data:`OVERHEAD` (its subject, headers and protocol line, which nats-server's
+buffer holds too). A sender thread with a window of markers unanswered waits; a send on
 the event loop is held in this process, in order, and released as answers come.
 """
 
@@ -24,6 +28,7 @@ from monarch.actors.messaging.flow import FlowControl
 from monarch.broker import subjects
 from monarch.core.runtime import FLOW_PORT, Runtime
 
+OVERHEAD = 256  # bytes a port message takes at nats-server beyond its body, about
 _UNSEEN: Any = False  # a destination not seen yet (None: this proc itself, no flow control)
 
 
@@ -46,7 +51,17 @@ class PortFlow(FlowControl):
         self._marker_subject = f"{dest}.{FLOW_PORT}"
         # Any message to this port answers one marker: the proc's answer, or the
         # broker's "no responders" for a proc that is gone.
-        self._ack_port, self._ack = rt.open_port(self.acknowledged)
+        self._ack_port, self._ack = rt.open_port(self._answered)
+        self.full_window = self.window
+
+    def _answered(self, msg: Any) -> None:
+        """On the loop: a marker's answer; its body, the proc's count of senders."""
+        try:
+            senders = int(msg.data or b"1")
+        except ValueError:  # the broker's "no responders" carries no count
+            senders = 1
+        self.window = max(1, self.full_window // max(1, senders))
+        self.acknowledged()
 
     def send_marker(self) -> None:
         """On the loop, right after the message it follows."""
