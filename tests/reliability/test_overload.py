@@ -206,3 +206,14 @@ pm.stop().get(timeout=60)
     assert report["thread"] == [300, 300 * 250_000, True], report
     assert report["loop"] == [300, 300 * 250_000, True], report
     assert report["waits"] > 0 and report["holds"] > 0, report  # the senders were held back
+
+
+def test_a_proc_tells_port_senders_how_many_share_it():
+    """A proc's answer to a port flow marker counts the processes sending to it lately,
+    so that each keeps to its share of the window (several generators into one scorer)."""
+    from monarch.core.flow_answers import FlowAnswers
+
+    answers = FlowAnswers()
+    assert answers.answer("mon.ns.port.a.1") == b"1"
+    assert answers.answer("mon.ns.port.b.1") == b"2"
+    assert answers.answer("mon.ns.port.a.1") == b"2"  # the same sender again
