@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # annotations only: these modules use this one
     from monarch.actors.hosting.supervisor import Supervisor
     from monarch.actors.messaging.lost_replies import CallProber, ReplyLedger
     from monarch.actors.messaging.lost_sends import SendCounter
+    from monarch.actors.messaging.port_flow import PortFlows
 
 
 @dataclass(eq=False)
@@ -32,6 +33,8 @@ class ActorProcess:
     replies: ReplyLedger | None = None
     prober: CallProber | None = None
     sends: SendCounter | None = None
+    # flow control of port sends, per destination proc (monarch.actors.messaging.port_flow)
+    port_flows: PortFlows | None = None
     # this_proc()'s one-proc mesh, made on first use (monarch.actors.procs.proc_mesh)
     this_proc_mesh: Any = None
 

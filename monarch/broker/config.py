@@ -125,6 +125,13 @@ class Settings(BaseModel):
         "(a flow marker every MONARCH_FLOW_BYTES / MONARCH_FLOW_WINDOW bytes): keeps a stalled "
         "receiver's backlog well under nats-server's 64 MiB, past which it is cut off.",
     )
+    flow_hold_bytes: int = Field(
+        1024 * 1024 * 1024,
+        ge=1,
+        description="Bytes of messages sent from the event loop (async endpoints) that may "
+        "wait in the sender for a slow receiver (mesh or proc) while its window is full; a send "
+        "past it raises BackpressureError.",
+    )
     connect_timeout: float = Field(
         15.0, gt=0, description="Seconds the first connection to the broker may take."
     )

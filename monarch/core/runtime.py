@@ -40,9 +40,12 @@ from monarch.broker.inline import run_inline
 from monarch.broker.intake import subscribe_ordered
 from monarch.broker.sync_publish import Publisher
 from monarch.core.busy_poll import WAIT_HEADER, BusyPoll
+from monarch.core.flow_answers import FlowAnswers
 from monarch.core.future import mark_loop_thread
 
 log = logging.getLogger(__name__)
+# The pseudo port a proc answers port senders' flow markers on (monarch.actors.messaging.port_flow).
+FLOW_PORT = "flow"
 
 PortHandler = Callable[[Msg], None]
 
@@ -90,6 +93,7 @@ class Runtime:
         self.is_client = False
         self.root_uid = proc_uid  # the root client's proc uid (procs learn it from the environment)
         self._ports: dict[int, PortHandler] = {}
+        self._flow_answers = FlowAnswers()  # port senders' flow markers (monarch.core.flow_answers)
         self._port_ids = itertools.count(1)
         self._mesh_handlers: dict[str, Callable[[Msg], None]] = {}
         self._ctl_handler: Callable[[Msg], None] | None = None
@@ -406,6 +410,11 @@ class Runtime:
         port_id = msg.subject.rsplit(".", 1)[-1]
         handler = self._ports.get(int(port_id)) if port_id.isdigit() else None
         if handler is None:
+            if port_id == FLOW_PORT and msg.reply:
+                # A port sender's flow marker (monarch.actors.messaging.port_flow): we have
+                # taken everything it sent before it off our intake.
+                self.publish(msg.reply, self._flow_answers.answer(msg.reply))
+                return
             log.debug("message for closed or unknown port %s", msg.subject)
             return
         handler(msg)

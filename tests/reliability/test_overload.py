@@ -114,3 +114,106 @@ def test_big_sends_to_a_stalled_actor_wait_instead_of_overflowing_the_broker(tmp
     assert "were lost on the way" not in result.stderr, result.stderr[-3000:]
     assert (report["seen"], report["nbytes"]) == (300, 300 * 250_000), report
     assert report["waits"] > 0, report  # the sender was held back, not the broker's buffer
+
+
+# Two procs: a stalled receiver and, for the sends from an event loop, an async sender.
+_STALLED_SETUP = """
+import json
+import time
+from monarch.actor import MessageLostError, this_host
+from tests.reliability.overload_actors import Flooder, StalledReceiver
+pm = this_host().spawn_procs(per_host={"gpus": 2})
+sink = pm.slice(gpus=0).spawn("stalled", StalledReceiver)
+flooder = pm.slice(gpus=1).spawn("flooder", Flooder)
+sink.count.call_one().get(timeout=60)
+N, SIZE = 300, 250_000  # 75 MB, in band: over nats-server's 64 MiB for one slow reader
+
+
+def wait_for(n, timeout=90.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        seen, nbytes, in_order = sink.count.call_one().get(timeout=60)
+        if seen >= n or time.monotonic() > deadline:
+            return seen, nbytes, in_order
+        time.sleep(0.2)
+"""
+
+
+def _stalled_report(result: subprocess.CompletedProcess) -> dict:
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "were lost on the way" not in result.stderr, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_async_endpoint_sends_to_a_stalled_actor_are_held_in_the_sender(tmp_path):
+    """An async endpoint (on its proc's event loop, which must not block) broadcasts
+    75 MB to an actor whose proc's loop is stalled: past the window its messages wait
+    in the sender's process, in order, instead of overflowing the broker's buffer."""
+    result = run_client(
+        tmp_path,
+        _STALLED_SETUP
+        + """
+lost = []
+sink.stall.broadcast(5.0)
+holds = flooder.flood.call_one(sink, N, SIZE).get(timeout=60)
+seen, nbytes, in_order = wait_for(N)
+try:
+    flooder.flood.call_one(sink, 0, 0).get(timeout=60)  # a loss report would raise here
+except Exception as e:  # MessageLostError, raised in the flooder
+    lost.append(repr(e))
+print(json.dumps({"seen": seen, "nbytes": nbytes, "in_order": in_order, "holds": holds,
+                  "lost": lost}), flush=True)
+pm.stop().get(timeout=60)
+""",
+        MONARCH_FLOW_BATCH="1000",
+        MONARCH_FLOW_WINDOW="16",
+    )
+    report = _stalled_report(result)
+    assert report["lost"] == [], report
+    assert (report["seen"], report["nbytes"], report["in_order"]) == (300, 300 * 250_000, True)
+    assert report["holds"] > 0, report  # held in the sender, not in the broker's buffer
+
+
+def test_port_sends_to_a_stalled_proc_wait_or_are_held(tmp_path):
+    """``Port.send`` of 75 MB to a port of a proc whose loop is stalled, from a thread
+    (the client's: it waits) and then from an async endpoint (its messages are held):
+    each sender's values all arrive, in order, and the broker never cuts the proc off."""
+    result = run_client(
+        tmp_path,
+        _STALLED_SETUP
+        + """
+from monarch.actors.process_state import actor_process
+from monarch.core.runtime import runtime
+out = {}
+port = sink.open_port.call_one().get(timeout=60)
+sink.stall.broadcast(5.0)
+payload = b"x" * SIZE
+for i in range(N):
+    port.send((i, payload))
+flows = getattr(actor_process(runtime()), "port_flows", None)
+out["waits"] = flows.get(port.subject).waits if flows is not None else 0
+out["thread"] = sink.drain.call_one(N, 30.0).get(timeout=60)
+sink.stall.broadcast(5.0)
+out["holds"] = flooder.flood_port.call_one(port, N, SIZE).get(timeout=60)
+out["loop"] = sink.drain.call_one(N, 30.0).get(timeout=60)
+print(json.dumps(out), flush=True)
+pm.stop().get(timeout=60)
+""",
+        MONARCH_FLOW_BATCH="1000",
+        MONARCH_FLOW_WINDOW="16",
+    )
+    report = _stalled_report(result)
+    assert report["thread"] == [300, 300 * 250_000, True], report
+    assert report["loop"] == [300, 300 * 250_000, True], report
+    assert report["waits"] > 0 and report["holds"] > 0, report  # the senders were held back
+
+
+def test_a_proc_tells_port_senders_how_many_share_it():
+    """A proc's answer to a port flow marker counts the processes sending to it lately,
+    so that each keeps to its share of the window (several generators into one scorer)."""
+    from monarch.core.flow_answers import FlowAnswers
+
+    answers = FlowAnswers()
+    assert answers.answer("mon.ns.port.a.1") == b"1"
+    assert answers.answer("mon.ns.port.b.1") == b"2"
+    assert answers.answer("mon.ns.port.a.1") == b"2"  # the same sender again

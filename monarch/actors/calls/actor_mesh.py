@@ -81,7 +81,13 @@ class MeshState:
         self.settled = threading.Event()  # spawned (or failed): references may leave now
         cfg = rt.settings
         self.flow = FlowControl(
-            name, cfg.flow_timeout, cfg.flow_batch, cfg.flow_window, cfg.flow_bytes
+            name,
+            cfg.flow_timeout,
+            cfg.flow_batch,
+            cfg.flow_window,
+            cfg.flow_bytes,
+            loop=rt.loop,
+            hold_bytes=cfg.flow_hold_bytes,
         )
         self.owner_proc = rt.proc_uid  # where the owner lives, and who it is
         self.owner_actor = "client"
@@ -399,6 +405,26 @@ class ActorMesh(MeshShapeOps, Generic[A]):
             marker = whole._call(FLOW_ENDPOINT, (), {}, gather="mesh", flow=False)
             marker.add_callback(st.flow.acknowledged)
 
+    def _hold(
+        self, tokens: list[list[str]], body: bytes, headers: dict, gather: Any, reply: str
+    ) -> bool:
+        """Called with the window full (or messages already held). On the event loop:
+        keep the message in this process, in order, until markers come back
+        (FlowControl.hold), as the loop must not block and a send must not fail for a
+        slow receiver. False (send now) elsewhere: a caller's thread waits in
+        :meth:`_flow` instead."""
+        st = self._state
+        if st.local is not None or not st.rt.on_loop_thread():
+            return False
+        st.flow.hold(len(body), lambda: self._release(tokens, body, headers, gather, reply))
+        return True
+
+    def _release(
+        self, tokens: list[list[str]], body: bytes, headers: dict, gather: Any, reply: str
+    ) -> None:
+        self._state.send(tokens, body, headers, gather, reply)
+        self._flow(len(body))
+
     def _call(
         self,
         endpoint: str,
@@ -422,6 +448,8 @@ class ActorMesh(MeshShapeOps, Generic[A]):
             headers[TRACE] = g.trace = trace
             g.t_sent = time.time()
         st = self._state
+        if flow and st.flow.must_hold() and self._hold(tokens, body, headers, g, ""):
+            return g.futures if gather == "stream" else g.futures[0]
         if not st.send_from_thread(tokens, body, headers, g):
             st.rt.call_soon(st.send, tokens, body, headers, g)
         if flow:
@@ -447,7 +475,10 @@ class ActorMesh(MeshShapeOps, Generic[A]):
             headers[TRACE] = trace
         tokens, _ = self._targets(selection)
         reply = port.subject if port is not None else ""
-        self._state.rt.call_soon(self._state.send, tokens, body, headers, None, reply)
+        st = self._state
+        if st.flow.must_hold() and self._hold(tokens, body, headers, None, reply):
+            return
+        st.rt.call_soon(st.send, tokens, body, headers, None, reply)
         self._flow(len(body))
 
 

@@ -16,6 +16,7 @@ from typing import Any, Generic, TypeVar
 from monarch.actors.calls.context import context, sender_id
 from monarch.actors.errors import ActorError
 from monarch.actors.messaging import messages as m
+from monarch.actors.messaging.port_flow import OVERHEAD, PortFlow, PortFlows
 from monarch.actors.process_state import actor_process
 from monarch.broker.ext import register_ext
 from monarch.core.future import Future
@@ -63,10 +64,38 @@ class Port(Generic[R]):
         headers = {m.KIND: kind, m.RANK: str(rank), m.FROM: sender_id()}
         if at != rank:
             headers[m.MSG_RANK] = str(at)
-        rt.call_soon(_post_reply, rt, self.subject, rank, body, headers)
+        subject = self.subject
+        state = actor_process(rt)
+        flows = state.port_flows or _port_flows(rt, state)
+        flow = flows.get(subject)
+        if flow is None:  # a port of this proc: delivered in process
+            rt.call_soon(_post_reply, rt, subject, rank, body, headers)
+            return
+        if flow.must_hold():
+            if rt.on_loop_thread():  # the loop must not block: keep it here, in order
+                flow.hold(len(body), lambda: _post_counted(rt, flow, subject, rank, body, headers))
+                return
+            flow.wait_for_room(can_block=True)
+        rt.call_soon(_post_reply, rt, subject, rank, body, headers)
+        if flow.count(len(body) + OVERHEAD):
+            rt.call_soon(flow.send_marker)  # in order, right behind this message
 
     def __repr__(self) -> str:
         return f"Port({self.subject!r})"
+
+
+def _port_flows(rt: Runtime, state: Any) -> PortFlows:
+    state.port_flows = PortFlows(rt)  # a race makes two, one of which is kept: harmless
+    return state.port_flows
+
+
+def _post_counted(
+    rt: Runtime, flow: PortFlow, subject: str, rank: int, body: bytes, headers: dict
+) -> None:
+    """On the loop: send a held message, then count it (and its marker when due)."""
+    _post_reply(rt, subject, rank, body, headers)
+    if flow.count(len(body) + OVERHEAD):
+        flow.send_marker()
 
 
 def _post_reply(rt: Runtime, subject: str, rank: int, body: bytes, headers: dict) -> None:

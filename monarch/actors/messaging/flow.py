@@ -7,8 +7,16 @@ that is once it has handled everything sent before. A sender thread with
 ``MONARCH_FLOW_WINDOW`` markers unanswered waits (it is slowed down, nothing is
 dropped); if the mesh makes no progress for ``MONARCH_FLOW_TIMEOUT`` seconds
 the send raises :class:`BackpressureError` instead of queueing without bound.
-Code running on the event loop itself (async endpoints) cannot wait, so it is
-never held back; its messages still count.
+Code running on the event loop itself (async endpoints, replies posted from the
+loop) must not wait: blocking it would also stop the markers' answers it waits
+for. Its messages are *held* instead: once the window is full (or messages are
+already held), a send from the loop is queued here, in order, and released as
+markers come back. We hold rather than raise because Monarch's ``send`` and
+``broadcast`` never block and never fail for a slow receiver, and async senders
+(``grpo_yield.py``'s rollout streams) rely on it. The queue is bounded: a send from
+the loop that would hold more than ``MONARCH_FLOW_HOLD_BYTES``, or that comes while
+held messages have seen no marker answered for ``MONARCH_FLOW_TIMEOUT``, raises
+:class:`BackpressureError` (that message is not sent; the held ones still go).
 
 Bytes count too: a marker also goes out after every ``MONARCH_FLOW_BYTES /
 MONARCH_FLOW_WINDOW`` bytes of message bodies, whichever comes first. So a sender
@@ -22,10 +30,15 @@ or several meshes on one proc, add up.
 
 from __future__ import annotations
 
+import collections
 import itertools
+import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
+
+_log = logging.getLogger(__name__)
 
 FLOW_ENDPOINT = "__flow__"
 
@@ -38,9 +51,17 @@ class FlowControl:
     """One per (sender process, actor mesh)."""
 
     def __init__(
-        self, mesh_name: str, timeout: float, batch: int, window: int, max_bytes: int = 1 << 62
+        self,
+        mesh_name: str,
+        timeout: float,
+        batch: int,
+        window: int,
+        max_bytes: int = 1 << 62,
+        loop: Any = None,
+        hold_bytes: int = 1 << 62,
     ) -> None:
         self.mesh_name = mesh_name
+        self.what = f"actor mesh {mesh_name!r}"  # who does not keep up, in errors
         self.timeout = timeout
         self.batch = batch
         self.window = window
@@ -54,6 +75,14 @@ class FlowControl:
         self._bytes = 0
         self._outstanding = 0
         self.waits = 0  # times a sender was held back (for tests and benchmarks)
+        # Sends from the event loop waiting for room, in order: (nbytes, send). Mutated on
+        # the loop only (``loop``: where release runs).
+        self.loop = loop
+        self.hold_bytes = hold_bytes
+        self.held: collections.deque[tuple[int, Callable[[], None]]] = collections.deque()
+        self.held_bytes = 0
+        self.holds = 0  # messages ever held (for tests and benchmarks)
+        self._progress = 0.0  # monotonic time of the last answered marker while holding
 
     def count(self, nbytes: int = 0) -> bool:
         """Count one message of ``nbytes``; True when a marker is due after it."""
@@ -70,6 +99,53 @@ class FlowControl:
         with self._lock:
             self._outstanding -= 1
             self._lock.notify_all()
+        if self.held:
+            self._progress = time.monotonic()
+            self._schedule_release()
+
+    def must_hold(self) -> bool:
+        """True when a send now would exceed the window (or must queue behind held ones)."""
+        return bool(self.held) or self._outstanding >= self.window
+
+    def hold(self, nbytes: int, send: Callable[[], None]) -> None:
+        """On the loop: keep a message of ``nbytes`` until there is room; ``send()`` then
+        sends (and counts) it. Raises :class:`BackpressureError` past the bounds."""
+        now = time.monotonic()
+        if not self.held:
+            self._progress = now
+        elif now - self._progress > self.timeout:
+            raise BackpressureError(
+                f"{self.what} has not kept up: {len(self.held)} message(s) "
+                f"({self.held_bytes / 2**20:.1f} MiB) sent from the event loop wait in this "
+                f"process and no earlier message was handled for {self.timeout:.0f} s "
+                "(MONARCH_FLOW_TIMEOUT); this one was not sent"
+            )
+        if self.held and self.held_bytes + nbytes > self.hold_bytes:
+            raise BackpressureError(
+                f"{self.what} has not kept up: {self.held_bytes / 2**20:.1f} MiB sent "
+                "from the event loop already wait in this process for it "
+                "(MONARCH_FLOW_HOLD_BYTES); this message was not sent"
+            )
+        self.held.append((nbytes, send))
+        self.held_bytes += nbytes
+        self.holds += 1
+        if self._outstanding < self.window:  # an answer came between the check and now
+            self._schedule_release()
+
+    def _schedule_release(self) -> None:
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self.release)  # a fresh loop turn: no re-entry
+
+    def release(self) -> None:
+        """On the loop: send held messages, in order, while there is room."""
+        held = self.held
+        while held and self._outstanding < self.window:
+            nbytes, send = held.popleft()
+            self.held_bytes -= nbytes
+            try:
+                send()
+            except Exception:
+                _log.exception("a held message to %s could not be sent", self.what)
 
     def wait_for_room(self, can_block: bool) -> None:
         """Block while too far ahead of the mesh (callers off the loop only)."""
@@ -84,7 +160,7 @@ class FlowControl:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise BackpressureError(
-                        f"actor mesh {self.mesh_name!r} has not kept up: up to "
+                        f"{self.what} has not kept up: up to "
                         f"{self._outstanding * self.batch} messages (or "
                         f"{self._outstanding * self.marker_bytes / 2**20:.0f} MiB) from this "
                         f"process are still unhandled after {self.timeout:.0f} s "
