@@ -93,7 +93,7 @@ class Runtime:
         self.is_client = False
         self.root_uid = proc_uid  # the root client's proc uid (procs learn it from the environment)
         self._ports: dict[int, PortHandler] = {}
-        self._flow_answers = FlowAnswers()  # port senders' flow markers (monarch.core.flow_answers)
+        self.flow_answers = FlowAnswers()  # senders' flow markers (monarch.core.flow_answers)
         self._port_ids = itertools.count(1)
         self._mesh_handlers: dict[str, Callable[[Msg], None]] = {}
         self._ctl_handler: Callable[[Msg], None] | None = None
@@ -413,7 +413,7 @@ class Runtime:
             if port_id == FLOW_PORT and msg.reply:
                 # A port sender's flow marker (monarch.actors.messaging.port_flow): we have
                 # taken everything it sent before it off our intake.
-                self.publish(msg.reply, self._flow_answers.answer(msg.reply))
+                self.publish(msg.reply, self.flow_answers.answer(msg.reply))
                 return
             log.debug("message for closed or unknown port %s", msg.subject)
             return

@@ -105,6 +105,21 @@ class StalledReceiver(Actor):
         return seen, nbytes, in_order
 
 
+class SharedReceiver(StalledReceiver):
+    """A :class:`StalledReceiver` for several senders: each numbers its own messages."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.next: dict[int, int] = {}  # sender -> the number its next message must have
+
+    @endpoint
+    async def take_from(self, sender: int, i: int, data: bytes) -> None:
+        self.in_order = self.in_order and i == self.next.get(sender, 0)
+        self.next[sender] = i + 1
+        self.seen += 1
+        self.nbytes += len(data)
+
+
 class Flooder(Actor):
     """Sends from an async endpoint, that is from its proc's event loop, which must not
     block: over the window, its messages wait in its process (FlowControl.hold)."""
@@ -123,3 +138,11 @@ class Flooder(Actor):
             port.send((i, payload))
         flows = getattr(actor_process(runtime()), "port_flows", None)
         return flows.get(port.subject).holds if flows is not None else 0
+
+    @endpoint
+    async def flood_from(self, mesh: Any, me: int, start: int, n: int, size: int) -> int:
+        """Send ``take_from(me, i, ...)`` for i in start..start+n; the flow window now."""
+        payload = b"x" * size
+        for i in range(start, start + n):
+            mesh.take_from.broadcast(me, i, payload)
+        return mesh._state.flow.window

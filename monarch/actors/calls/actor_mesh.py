@@ -403,7 +403,7 @@ class ActorMesh(MeshShapeOps, Generic[A]):
         if st.flow.count(nbytes):
             whole = ActorMesh(st, View.full(st.base))
             marker = whole._call(FLOW_ENDPOINT, (), {}, gather="mesh", flow=False)
-            marker.add_callback(st.flow.acknowledged)
+            marker.add_callback(st.flow.mesh_answered)
 
     def _hold(
         self, tokens: list[list[str]], body: bytes, headers: dict, gather: Any, reply: str

@@ -60,13 +60,6 @@ log = logging.getLogger(__name__)
 ADHOC = hdr.ADHOC  # the caller used as_endpoint() on a plain method
 
 
-def _flow_marker(self: Any) -> None:
-    return None
-
-
-_FLOW = EndpointProperty(_flow_marker)
-
-
 class _Supervise:
     __slots__ = ("failure",)
 
@@ -122,6 +115,8 @@ class ActorInstance:
         self._done = False  # stop or failure handling has begun
         self._unhandled = False  # __supervise__ left a failure unhandled: the actor fails
         self._sequence = SequenceCheck()  # holes in senders' numbering: lost messages
+        self._flow_senders = 1  # the count for the flow marker being handled
+        self._flow_prop = EndpointProperty(self._flow_marker)
         # What it is doing, for viewers (monarch top, monarch stacks, stall reports).
         self.activity = activity.book.add(
             self.actor_id, name, uid, rank,
@@ -483,13 +478,21 @@ class ActorInstance:
         name = headers.get(m.ENDPOINT, "")
         prop = self.endpoints.get(name)
         if prop is None and name == FLOW_ENDPOINT:
-            return _FLOW  # a sender's flow marker: answered when reached, in order
+            # A sender's flow marker: answered when reached, in order, with how many
+            # processes send to this proc (monarch.core.flow_answers).
+            if msg.reply:
+                self._flow_senders = self.rt.flow_answers.heard(msg.reply)
+            return self._flow_prop
         if prop is None and headers.get(ADHOC) and not name.startswith("_"):
             method = getattr(self.cls, name, None)
             if callable(method):  # the caller opted in with as_endpoint()
                 prop = EndpointProperty(method, explicit_response_port=headers.get(ADHOC) == "port")
                 self.endpoints[name] = prop
         return prop
+
+    def _flow_marker(self, _actor: Any) -> int:
+        """The ``__flow__`` endpoint: its answer, set when the marker was reached."""
+        return self._flow_senders
 
     def _prepare(
         self, prop: EndpointProperty, msg: Msg, data: bytes | None = None

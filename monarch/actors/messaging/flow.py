@@ -64,7 +64,8 @@ class FlowControl:
         self.what = f"actor mesh {mesh_name!r}"  # who does not keep up, in errors
         self.timeout = timeout
         self.batch = batch
-        self.window = window
+        self.window = window  # markers unanswered at most: this sender's share
+        self.full_window = window
         self.max_bytes = max_bytes
         self.marker_bytes = max(1, max_bytes // window)  # bytes between two markers, at most
         self._lock = threading.Condition()
@@ -102,6 +103,22 @@ class FlowControl:
         if self.held:
             self._progress = time.monotonic()
             self._schedule_release()
+
+    def shared_by(self, senders: int) -> None:
+        """A marker's answer says ``senders`` processes send to the receiver: keep to a
+        share of the window (one marker at least). Off the message path."""
+        self.window = max(1, self.full_window // max(1, senders))
+
+    def mesh_answered(self, marker: Any) -> None:
+        """A mesh's answers to a marker (a future of a ValueMesh: each actor's count of
+        processes sending to its proc): keep to the smallest share, then count it answered."""
+        try:
+            counts = [v for v in marker.get(0).values() if isinstance(v, int)]
+        except Exception:  # an actor is gone (or answered with an error): no count from it
+            counts = []
+        if counts:
+            self.shared_by(max(counts))
+        self.acknowledged()
 
     def must_hold(self) -> bool:
         """True when a send now would exceed the window (or must queue behind held ones)."""

@@ -52,7 +52,6 @@ class PortFlow(FlowControl):
         # Any message to this port answers one marker: the proc's answer, or the
         # broker's "no responders" for a proc that is gone.
         self._ack_port, self._ack = rt.open_port(self._answered)
-        self.full_window = self.window
 
     def _answered(self, msg: Any) -> None:
         """On the loop: a marker's answer; its body, the proc's count of senders."""
@@ -60,7 +59,7 @@ class PortFlow(FlowControl):
             senders = int(msg.data or b"1")
         except ValueError:  # the broker's "no responders" carries no count
             senders = 1
-        self.window = max(1, self.full_window // max(1, senders))
+        self.shared_by(senders)
         self.acknowledged()
 
     def send_marker(self) -> None:
