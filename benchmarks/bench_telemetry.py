@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 import uuid
+from typing import Any
 
 TIMEOUT = 60.0
 
@@ -76,48 +77,53 @@ def child(cfg: dict) -> list[dict]:
         one.ping.call_one(i).get(TIMEOUT)
     sent = 0
 
-    def measure(on: bool | None) -> dict:
-        nonlocal sent
+    def record(on: bool | None) -> None:
         if on is not None:
             mesh.record.call(on).get(TIMEOUT)
             set_recording(on)
+
+    def latency(on: bool | None, n: int, pair: int) -> dict:
+        record(on)
         lat = []
-        for i in range(cfg["latency"]):
+        for i in range(n):
             t = time.perf_counter()
             one.ping.call_one(i).get(TIMEOUT)
-            lat.append(time.perf_counter() - t)
-        lat.sort()
-        fire = cfg["fire"]
+            lat.append((time.perf_counter() - t) * 1e6)
+        return {"on": on, "pair": pair, "lat_us": lat}
+
+    def fire(on: bool | None, pair: int) -> dict:
+        nonlocal sent
+        record(on)
+        n = cfg["fire"]
         t = time.perf_counter()
-        for _ in range(fire):
+        for _ in range(n):
             mesh.tick.broadcast()
         counts = mesh.count.call().get(TIMEOUT)
         elapsed = time.perf_counter() - t
-        sent += fire
+        sent += n
         assert list(counts.values()) == [sent, sent], counts
         # The burst's spans (two per message and actor) leave within the next flushes;
-        # let them go before the next latency round, which measures call_one alone.
+        # let them go before the next burst, so each is measured with its own.
         time.sleep(cfg["settle"])
-        return {
-            "on": on,
-            "p50_us": lat[len(lat) // 2] * 1e6,
-            "p99_us": lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))] * 1e6,
-            "fire_msgs_s": 2 * fire / elapsed,  # each broadcast reaches both actors
-        }
+        return {"on": on, "pair": pair, "fire_msgs_s": 2 * n / elapsed}  # both actors
+
+    def orders(pairs: int) -> list[tuple[int, bool]]:
+        return [(i, on) for i in range(pairs) for on in ((False, True), (True, False))[i % 2]]
 
     if cfg.get("toggle"):
-        out = []
-        for i in range(cfg["rounds"]):
-            for on in (False, True) if i % 2 == 0 else (True, False):
-                out.append(dict(measure(on), pair=i))
+        # Latency in short blocks, on and off in turn: the machine's drift (other
+        # processes, frequency) hits both sides alike; flushes (every interval, on a
+        # thread of their own) fall where they fall, as in a real job.
+        out = [latency(on, cfg["block"], i) for i, on in orders(cfg["blocks"])]
+        out += [fire(on, i) for i, on in orders(cfg["rounds"])]
     else:
-        out = [measure(None)]
+        out = [latency(None, cfg["latency"], 0), fire(None, 0)]
     procs.stop().get(TIMEOUT)
     shutdown_context().get(TIMEOUT)
     return out
 
 
-def run_child(url: str, telemetry: bool, cfg: dict) -> dict:
+def run_child(url: str, telemetry: bool, cfg: dict) -> list[dict]:
     env = dict(os.environ, MONARCH_NATS_URL=url, MONARCH_OPEN_BROKER_OK="1")
     env["MONARCH_TELEMETRY"] = "1" if telemetry else "0"
     env["MONARCH_NAMESPACE"] = f"benchtel{uuid.uuid4().hex[:8]}"
@@ -133,26 +139,44 @@ def run_child(url: str, telemetry: bool, cfg: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-ROWS = [("call_one p50 (us)", "p50_us"), ("call_one p99 (us)", "p99_us"),
-        ("fire-and-forget (msgs/s)", "fire_msgs_s")]  # fmt: skip
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
-def table(title: str, results: dict[bool, list[dict]], as_json: bool) -> None:
+def figures(results: list[dict]) -> list[tuple[str, float, float, float]]:
+    """(label, off, on, paired ratio) of call_one p50 and p99 and the fire rate.
+
+    Latency: percentiles of all the samples of a side; ``paired``: the median over
+    pairs of (block on) / (block off). Fire rate: medians of the bursts, and paired.
+    """
+    lat = {side: [r for r in results if r["on"] == side and "lat_us" in r] for side in (0, 1)}
+    fire = {side: [r for r in results if r["on"] == side and "fire_msgs_s" in r] for side in (0, 1)}
+
+    def paired(rows: dict[int, list[dict]], value: Any) -> float:
+        by_pair: dict[int, dict[int, float]] = {}
+        for side in (0, 1):
+            for r in rows[side]:
+                by_pair.setdefault(r["pair"], {})[side] = value(r)
+        ratios = [p[1] / p[0] for p in by_pair.values() if len(p) == 2]
+        return statistics.median(ratios) if ratios else float("nan")
+
+    out = []
+    for label, q in (("call_one p50 (us)", 0.5), ("call_one p99 (us)", 0.99)):
+        off, on = (_pct([x for r in lat[s] for x in r["lat_us"]], q) for s in (0, 1))
+        out.append((label, off, on, paired(lat, lambda r, q=q: _pct(r["lat_us"], q))))
+    off, on = (statistics.median(r["fire_msgs_s"] for r in fire[s]) for s in (0, 1))
+    out.append(("fire-and-forget (msgs/s)", off, on, paired(fire, lambda r: r["fire_msgs_s"])))
+    return out
+
+
+def table(title: str, results: list[dict], as_json: bool) -> None:
     print(title)
     print(f"{'figure':<26}{'telemetry off':>15}{'telemetry on':>15}{'on/off':>8}{'paired':>8}")
-    for label, key in ROWS:
-        off = statistics.median(r[key] for r in results[False])
-        on = statistics.median(r[key] for r in results[True])
-        pairs: dict[int, dict[bool, float]] = {}
-        for side in (False, True):
-            for r in results[side]:
-                if "pair" in r:
-                    pairs.setdefault(r["pair"], {})[side] = r[key]
-        ratios = [p[True] / p[False] for p in pairs.values() if len(p) == 2]
-        paired = statistics.median(ratios) if ratios else float("nan")
+    for label, off, on, paired in figures(results):
         print(f"{label:<26}{off:>15,.1f}{on:>15,.1f}{on / off:>8.3f}{paired:>8.3f}")
         if as_json:
-            print(json.dumps({"table": title, "figure": key, "off": off, "on": on,
+            print(json.dumps({"table": title, "figure": label, "off": off, "on": on,
                               "ratio": on / off, "paired": paired}))  # fmt: skip
 
 
@@ -206,7 +230,7 @@ def hook_costs() -> list[tuple[str, float]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--runs", type=int, default=8, help="pairs of rounds (default 8)")
+    ap.add_argument("--runs", type=int, default=8, help="pairs of fire-and-forget bursts (default 8)")
     ap.add_argument("--quick", action="store_true", help="fewer messages (a smoke run)")
     ap.add_argument("--fresh", action="store_true", help="also table A: a fresh client a round")
     ap.add_argument("--json", action="store_true", help="also print JSON lines")
@@ -215,29 +239,29 @@ def main() -> int:
     if args.child is not None:
         print(json.dumps(child(json.loads(args.child))))
         return 0
-    cfg = {"warmup": 200, "latency": 2000, "fire": 5000, "settle": 1.5}
+    cfg = {"warmup": 300, "latency": 3000, "block": 500, "blocks": 30, "fire": 5000,
+           "settle": 1.5}  # fmt: skip
     if args.quick:
-        cfg = {"warmup": 50, "latency": 300, "fire": 1000, "settle": 1.2}
+        cfg = {"warmup": 50, "latency": 300, "block": 100, "blocks": 4, "fire": 1000,
+               "settle": 1.2}  # fmt: skip
     from monarch.broker.server import EmbeddedBroker
 
     load0 = os.getloadavg()
-    results: dict[bool, list[dict]] = {False: [], True: []}
-    toggled: dict[bool, list[dict]] = {False: [], True: []}
+    fresh: list[dict] = []
     with contextlib.ExitStack() as cleanup:
         broker = EmbeddedBroker().start()
         cleanup.callback(broker.stop)
-        for r in run_child(broker.url, True, dict(cfg, toggle=True, rounds=args.runs)):
-            toggled[r["on"]].append(r)
+        toggled = run_child(broker.url, True, dict(cfg, toggle=True, rounds=args.runs))
         if args.fresh:
             for i in range(args.runs):
                 for on in (False, True) if i % 2 == 0 else (True, False):
-                    results[on].extend(dict(r, pair=i) for r in run_child(broker.url, on, cfg))
+                    fresh.extend(dict(r, on=on, pair=i) for r in run_child(broker.url, on, cfg))
     load1 = os.getloadavg()
-    print(f"{args.runs} rounds per side; counts: {cfg}")
+    print(f"counts: {cfg}; fire-and-forget bursts and fresh clients: {args.runs} a side")
     print(f"load average (1 min) {load0[0]:.1f} at the start, {load1[0]:.1f} at the end")
-    table("B. one client, recording paused/resumed each round", toggled, args.json)
+    table("B. one client, recording paused/resumed in turn", toggled, args.json)
     if args.fresh:
-        table("A. a fresh client per round: MONARCH_TELEMETRY=0 vs 1", results, args.json)
+        table("A. a fresh client per round: MONARCH_TELEMETRY=0 vs 1", fresh, args.json)
     try:
         costs = hook_costs()
     except (AttributeError, ImportError) as e:  # an older tree, compared with this script

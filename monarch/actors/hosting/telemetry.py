@@ -56,7 +56,8 @@ def spans_of_calls(proc: str) -> Any:
     def expand(records: list[tuple]) -> list[tuple]:
         spans: list[tuple] = []
         add = spans.append
-        for actor_id, mesh, _, rank, endpoint, caller, delivered, started, ended, ok, trace in records:
+        for record in records:  # CallRecord's fields, in order
+            actor_id, mesh, _, rank, endpoint, caller, delivered, started, ended, ok, trace = record
             if endpoint == FLOW_MARKER:  # not the runtime's own flow markers
                 continue
             trace = trace or None
