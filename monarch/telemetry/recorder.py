@@ -42,6 +42,15 @@ SPAN_FIELDS = (
 )  # fmt: skip
 """The fields of a span record, in the order :meth:`Recorder.span` takes them."""
 
+CALL_FIELDS = (
+    "actor_id", "mesh", "mesh_uid", "rank", "endpoint", "caller", "delivered", "started",
+    "ended", "ok", "trace",
+)  # fmt: skip
+"""The fields of a finished call's record (the actor layer's ``CallRecord``), as
+:meth:`Recorder.call` takes it and a batch's ``calls`` carry it: each is the
+deliver and handle spans of one call, made by the reader
+(:func:`monarch.telemetry.stream.decode_batch`), so the process pays for one record."""
+
 CHUNK = 500
 """Spans per batch message. The flusher lets the GIL go between chunks: packing one
 takes about 0.2 ms, the longest a busy loop thread waits for the flusher's thread."""
@@ -68,10 +77,12 @@ class Recorder:
         # Histogram points carry their raw values (capped) for an OTLP exporter to replay.
         self.keep_values = keep_values
         self._items: collections.deque[tuple] = collections.deque()
-        # Raw records of finished calls (the actor layer's), made spans at each flush by
-        # ``expand_calls``: the actor's thread appends one tuple it already has, nothing more.
+        # Records of finished calls (CALL_FIELDS): the actor's thread appends one tuple it
+        # already has, nothing more; published as they are (the reader makes the spans).
         self._calls: collections.deque[tuple] = collections.deque()
-        self.expand_calls: Callable[[list[tuple]], list[tuple]] | None = None
+        self.call_filter: Callable[[list[tuple]], list[tuple]] | None = None  # at each flush
+        # Given each flush's call records, as span_listeners are given its spans.
+        self.call_listeners: list[Callable[[list[tuple]], None]] = []
         self._prefix = secrets.token_hex(8)  # trace ids: 32 hex digits, as OpenTelemetry's
         self._ids = itertools.count(1)
         self.collectors: list[Callable[[float], list[dict[str, Any]]]] = []
@@ -113,7 +124,7 @@ class Recorder:
             self._wake()
 
     def call(self, record: tuple) -> None:
-        """Record one finished call, raw (made spans by ``expand_calls`` at the flush). Any thread."""
+        """Record one finished call (a tuple in :data:`CALL_FIELDS` order). Any thread."""
         calls = self._calls
         calls.append(record)
         if len(calls) >= self._batch and not self._waking:
@@ -124,28 +135,30 @@ class Recorder:
         """Publish what waits (spans, then the metric points of this interval); one thread at a time.
 
         A batch is one msgpack map: ``span_fields`` (:data:`SPAN_FIELDS`), ``spans``
-        (one array per span, in that order) and ``metrics`` (one map per point).
-        Spans go :data:`CHUNK` to a message, and the GIL is let go between chunks.
+        (one array per span, in that order), ``call_fields`` (:data:`CALL_FIELDS`),
+        ``calls`` (one array per finished call) and ``metrics`` (one map per point).
+        Records go :data:`CHUNK` to a message, and the GIL is let go between chunks.
+        Returns how many records (spans, calls, points) were published.
         """
         self._waking = False
         items, calls = self._items, self._calls
         spans = [items.popleft() for _ in range(len(items))]
-        if calls:
-            raw = [calls.popleft() for _ in range(len(calls))]
-            if self.expand_calls is not None:
-                try:
-                    spans += self.expand_calls(raw)
-                except Exception:
-                    log.exception("telemetry could not make spans of finished calls")
-        for i in range(0, len(spans), CHUNK):
-            chunk = spans[i : i + CHUNK]
-            for listener in list(self.span_listeners):
-                try:
-                    listener(chunk)
-                except Exception:
-                    log.exception("a telemetry span listener failed")
-            self._publish_batch(chunk, [])
-            time.sleep(0)  # a loop thread waiting for the GIL takes it now
+        raw = [calls.popleft() for _ in range(len(calls))]
+        if raw and self.call_filter is not None:
+            raw = self.call_filter(raw)
+        for records, listeners, is_calls in ((spans, self.span_listeners, False),
+                                             (raw, self.call_listeners, True)):  # fmt: skip
+            for i in range(0, len(records), CHUNK):
+                chunk = records[i : i + CHUNK]
+                for listener in list(listeners):
+                    try:
+                        listener(chunk)
+                    except Exception:
+                        log.exception("a telemetry listener failed")
+                self._publish_batch([], chunk, []) if is_calls else self._publish_batch(
+                    chunk, [], []
+                )
+                time.sleep(0)  # a loop thread waiting for the GIL takes it now
         points: list[dict[str, Any]] = []
         now = time.time()
         for collect in list(self.collectors):
@@ -154,14 +167,17 @@ class Recorder:
             except Exception:
                 log.exception("a telemetry collector failed")
         for i in range(0, len(points), CHUNK):
-            self._publish_batch([], points[i : i + CHUNK])
-        return len(spans) + len(points)
+            self._publish_batch([], [], points[i : i + CHUNK])
+        return len(spans) + len(raw) + len(points)
 
-    def _publish_batch(self, spans: list[tuple], points: list[dict[str, Any]]) -> None:
+    def _publish_batch(
+        self, spans: list[tuple], calls: list[tuple], points: list[dict[str, Any]]
+    ) -> None:
         for point in points:
             point["proc"] = self.proc
-        count = len(spans) + len(points)
-        body = {"proc": self.proc, "span_fields": SPAN_FIELDS, "spans": spans, "metrics": points}
+        count = len(spans) + len(calls) + len(points)
+        body = {"proc": self.proc, "span_fields": SPAN_FIELDS, "spans": spans,
+                "call_fields": CALL_FIELDS, "calls": calls, "metrics": points}  # fmt: skip
         headers = {hdr.KIND: "telemetry", hdr.FROM: self.proc, hdr.COUNT: str(count)}
         try:
             self._publish(msgpack.packb(body, default=str), headers)

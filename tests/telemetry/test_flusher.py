@@ -9,7 +9,7 @@ import threading
 import nats
 
 from monarch.actors.calls.activity import CallRecord
-from monarch.actors.hosting.telemetry import count_endpoints, spans_of_calls
+from monarch.actors.hosting.telemetry import count_calls, without_flow_markers
 from monarch.telemetry import recorder
 from monarch.telemetry.flusher import Flusher
 from monarch.telemetry.meter import collect_all
@@ -21,8 +21,9 @@ def test_spans_leave_from_the_flushers_thread_in_chunks_and_the_rest_at_stop(nat
     subject = f"mon.{new_namespace()}.tel.proc-x"
     flush_threads: list[str] = []
     rec = recorder.Recorder("proc-x", lambda *_: None, lambda: None, batch=600)
-    rec.expand_calls = spans_of_calls("proc-x")
-    rec.span_listeners.append(count_endpoints)
+    rec.call_filter = without_flow_markers
+    rec.call_listeners.append(count_calls)
+    rec.call_listeners.append(lambda calls: flush_threads.append(threading.current_thread().name))
     rec.collectors.append(collect_all)
     rec.span_listeners.append(lambda spans: flush_threads.append(threading.current_thread().name))
     names: list[str] = []
@@ -83,13 +84,18 @@ def test_spans_leave_from_the_flushers_thread_in_chunks_and_the_rest_at_stop(nat
     assert (handle["proc"], handle["trace_id"], handle["caller"], handle["rank"]) == (
         "proc-x", "t1", "client-1", 1)  # fmt: skip
     assert handle["end"] - handle["start"] == 0.5
-    assert max(len(records) for _, records in got) <= recorder.CHUNK
+    assert max(int(headers["Mon-Count"]) for headers, _ in got) <= recorder.CHUNK
     assert set(flush_threads) == {"tel-test"}  # never the caller's thread
     assert names == ["tel-test"]  # its own connection, made once, on its thread
     assert not flusher._thread.is_alive()
     metrics = [r for _, records in got for r in records if r["type"] == "metric"]
     calls = [m for m in metrics if m["name"] == "monarch.endpoint.calls"]
     assert sum(m["value"] for m in calls if m["labels"].get("mesh") == "m") == 700
+
+
+def test_a_call_record_is_published_in_the_fields_the_readers_expect():
+    # The actor layer's CallRecord goes out as it is: its fields, in CALL_FIELDS' order.
+    assert [f.removeprefix("t_") for f in CallRecord._fields] == list(recorder.CALL_FIELDS)
 
 
 def test_a_job_that_ends_before_any_interval_still_publishes_everything(nats_url):

@@ -9,8 +9,8 @@ hooks on the message path stay a check of one boolean
 connection of its own, which packs and publishes every
 ``MONARCH_TELEMETRY_INTERVAL`` and at close, never on the event loop), and
 hangs the recorder on the finished-call records of the actors of this
-process: their deliver and handle spans, and through them the per-endpoint
-metrics, are made at each flush. The client also creates
+process: each is published as it is (readers make its deliver and handle
+spans), and the per-endpoint metrics are counted from them at each flush. The client also creates
 the bounded stream and, with an OTLP endpoint configured, exports the job's
 telemetry (:mod:`monarch.telemetry.otlp`).
 """
@@ -46,41 +46,24 @@ _duration = _meter.create_histogram(
 _keys: dict[tuple[str, str], tuple] = {}  # (mesh, endpoint) -> the counters' attribute key
 
 
-def spans_of_calls(proc: str) -> Any:
-    """The deliver and handle spans of finished calls' records (on the flusher's thread).
+def without_flow_markers(records: list[tuple]) -> list[tuple]:
+    """Finished calls to publish: not the runtime's own flow markers (the recorder's filter)."""
+    return [r for r in records if r[4] != FLOW_MARKER]
 
-    The actor's thread only appends each :class:`CallRecord` as it is
-    (:meth:`~monarch.telemetry.recorder.Recorder.call`); the spans are made here.
-    """
 
-    def expand(records: list[tuple]) -> list[tuple]:
-        spans: list[tuple] = []
-        add = spans.append
-        for record in records:  # CallRecord's fields, in order
-            actor_id, mesh, _, rank, endpoint, caller, delivered, started, ended, ok, trace = record
-            if endpoint == FLOW_MARKER:  # not the runtime's own flow markers
-                continue
-            trace = trace or None
-            caller = caller or None
-            if delivered:  # 0.0: not known
-                # t_delivered is time.time(), t_started the book's monotonic clock made wall
-                # time: the two may disagree by a few microseconds, never a negative wait.
-                add(("deliver", trace, proc, actor_id, mesh, rank, endpoint,
-                     min(delivered, started), started, True, caller))  # fmt: skip
-            add(("handle", trace, proc, actor_id, mesh, rank, endpoint, started, ended, ok,
-                 caller))  # fmt: skip
-        return spans
-
-    return expand
+def count_calls(records: list[tuple]) -> None:
+    """The per-endpoint calls, errors and durations of a flush's finished calls."""
+    _count([(r[1], r[4], r[7], r[8], r[9]) for r in records])
 
 
 def count_endpoints(spans: list[tuple]) -> None:
     """The per-endpoint calls, errors and durations of a flush's handle spans."""
+    _count([(s[4], s[6], s[7], s[8], s[9]) for s in spans if s[0] == "handle"])
+
+
+def _count(calls: list[tuple]) -> None:
     per: dict[tuple[str, str], list] = {}
-    for span in spans:
-        if span[0] != "handle":
-            continue
-        mesh, endpoint, start, end, ok = span[4], span[6], span[7], span[8], span[9]
+    for mesh, endpoint, start, end, ok in calls:
         acc = per.get((mesh, endpoint))
         if acc is None:
             acc = per[(mesh, endpoint)] = [0, []]
@@ -106,7 +89,8 @@ async def start_telemetry(rt: Runtime, *, client: bool) -> None:
     subject = subjects.telemetry(rt.namespace, rt.proc_uid)
     keep_values = otlp_endpoint(cfg.otlp_endpoint) is not None  # every process: the client exports
     rec = tel.Recorder(rt.proc_uid, _unset, _unset, cfg.telemetry_batch, keep_values)
-    rec.expand_calls = spans_of_calls(rt.proc_uid)
+    rec.call_filter = without_flow_markers
+    rec.call_listeners.append(count_calls)
     rec.span_listeners.append(count_endpoints)
     rec.collectors.append(collect_all)
     # Off the loop, on a connection of its own: the replies on the main one never queue
