@@ -70,6 +70,10 @@ def child(cfg: dict) -> list[dict]:
         def record(self, on: bool) -> bool:
             return set_recording(on)
 
+        @endpoint
+        def cpu(self) -> float:
+            return time.process_time()  # this proc's threads, the telemetry thread included
+
     procs = this_host().spawn_procs(per_host={"gpus": 2})
     mesh = procs.spawn(f"bench{uuid.uuid4().hex[:6]}", Sink)
     one = mesh.slice(gpus=0)
@@ -85,11 +89,13 @@ def child(cfg: dict) -> list[dict]:
     def latency(on: bool | None, n: int, pair: int) -> dict:
         record(on)
         lat = []
+        cpu = time.process_time() + one.cpu.call_one().get(TIMEOUT)
         for i in range(n):
             t = time.perf_counter()
             one.ping.call_one(i).get(TIMEOUT)
             lat.append((time.perf_counter() - t) * 1e6)
-        return {"on": on, "pair": pair, "lat_us": lat}
+        cpu = time.process_time() + one.cpu.call_one().get(TIMEOUT) - cpu
+        return {"on": on, "pair": pair, "lat_us": lat, "cpu_us": cpu / n * 1e6}
 
     def fire(on: bool | None, pair: int) -> dict:
         nonlocal sent
@@ -145,10 +151,12 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def figures(results: list[dict]) -> list[tuple[str, float, float, float]]:
-    """(label, off, on, paired ratio) of call_one p50 and p99 and the fire rate.
+    """(label, off, on, paired ratio) of call_one p50 and p99, CPU and the fire rate.
 
     Latency: percentiles of all the samples of a side; ``paired``: the median over
-    pairs of (block on) / (block off). Fire rate: medians of the bursts, and paired.
+    pairs of (block on) / (block off). CPU a call_one: the client's and the called
+    proc's CPU time (all their threads, telemetry's included) over a block, per
+    call; medians of the blocks. Fire rate: medians of the bursts, and paired.
     """
     lat = {side: [r for r in results if r["on"] == side and "lat_us" in r] for side in (0, 1)}
     fire = {side: [r for r in results if r["on"] == side and "fire_msgs_s" in r] for side in (0, 1)}
@@ -165,6 +173,8 @@ def figures(results: list[dict]) -> list[tuple[str, float, float, float]]:
     for label, q in (("call_one p50 (us)", 0.5), ("call_one p99 (us)", 0.99)):
         off, on = (_pct([x for r in lat[s] for x in r["lat_us"]], q) for s in (0, 1))
         out.append((label, off, on, paired(lat, lambda r, q=q: _pct(r["lat_us"], q))))
+    off, on = (statistics.median(r["cpu_us"] for r in lat[s]) for s in (0, 1))
+    out.append(("CPU a call_one (us)", off, on, paired(lat, lambda r: r["cpu_us"])))
     off, on = (statistics.median(r["fire_msgs_s"] for r in fire[s]) for s in (0, 1))
     out.append(("fire-and-forget (msgs/s)", off, on, paired(fire, lambda r: r["fire_msgs_s"])))
     return out

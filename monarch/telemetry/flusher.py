@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -60,6 +61,7 @@ class Flusher:
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self.dropped = 0  # records packed but not published (no connection)
+        self.cpu_s = 0.0  # CPU seconds of this thread's flushes and publishes (benchmarks)
         rec.set_output(self._take, self.wake)
 
     def start(self) -> None:
@@ -113,11 +115,13 @@ class Flusher:
                 if nc is None or nc.is_closed:
                     nc = await self._try_connect()
                 stopping = self._stopping
+                cpu = time.thread_time()
                 try:
                     self.rec.flush()
                 except Exception:
                     log.exception("a telemetry flush failed")
                 await self._publish(nc)
+                self.cpu_s += time.thread_time() - cpu
                 if stopping:
                     break
                 try:
