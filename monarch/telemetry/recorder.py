@@ -3,16 +3,17 @@
 Telemetry is decided once per process, when its runtime starts
 (``MONARCH_TELEMETRY``). Off, :data:`ON` stays False and the hooks on the
 message path (``monarch.actors.calls``) cost one check of it: nothing else is
-done per message. On, each hook appends one tuple to a deque (any thread may),
-and the runtime's loop packs the deque into one msgpack message every
+done per message. On, each hook appends one tuple to a deque (any thread may;
+an actor's finished call appends its record as it is, and the flush makes its
+deliver and handle spans), and a thread of the process's own
+(:mod:`monarch.telemetry.flusher`) packs the deques into msgpack messages every
 ``MONARCH_TELEMETRY_INTERVAL`` seconds, or sooner once
-``MONARCH_TELEMETRY_BATCH`` spans wait, and publishes them to
+``MONARCH_TELEMETRY_BATCH`` records wait, and publishes them to
 ``mon.<ns>.tel.<proc-uid>``, which the ``monarch-<ns>-telemetry`` stream keeps
-(:mod:`monarch.telemetry.stream`).
+(:mod:`monarch.telemetry.stream`). The event loop never packs or publishes a span.
 
-The publishing itself is handed in (the actor layer gives the runtime's
-publish), so this module knows nothing of actors and needs only the broker's
-names.
+The publishing itself is handed in (the actor layer gives the flusher's),
+so this module knows nothing of actors and needs only the broker's names.
 """
 
 from __future__ import annotations
@@ -41,7 +42,18 @@ SPAN_FIELDS = (
 )  # fmt: skip
 """The fields of a span record, in the order :meth:`Recorder.span` takes them."""
 
-_MAX_RECORDS = 4000  # records per batch message: well under any broker's max_payload
+CALL_FIELDS = (
+    "actor_id", "mesh", "mesh_uid", "rank", "endpoint", "caller", "delivered", "started",
+    "ended", "ok", "trace",
+)  # fmt: skip
+"""The fields of a finished call's record (the actor layer's ``CallRecord``), as
+:meth:`Recorder.call` takes it and a batch's ``calls`` carry it: each is the
+deliver and handle spans of one call, made by the reader
+(:func:`monarch.telemetry.stream.decode_batch`), so the process pays for one record."""
+
+CHUNK = 500
+"""Spans per batch message. The flusher lets the GIL go between chunks: packing one
+takes about 0.2 ms, the longest a busy loop thread waits for the flusher's thread."""
 
 _recorder: Recorder | None = None
 
@@ -58,13 +70,19 @@ class Recorder:
         keep_values: bool = False,
     ) -> None:
         self.proc = proc
-        self._publish = publish  # (payload, headers), called on the loop
-        self._wake = wake  # asks the loop to flush soon; any thread
+        self._publish = publish  # (payload, headers), called by flush()
+        self._wake = wake  # asks for a flush soon; any thread
         self._batch = batch
         self._waking = False
         # Histogram points carry their raw values (capped) for an OTLP exporter to replay.
         self.keep_values = keep_values
         self._items: collections.deque[tuple] = collections.deque()
+        # Records of finished calls (CALL_FIELDS): the actor's thread appends one tuple it
+        # already has, nothing more; published as they are (the reader makes the spans).
+        self._calls: collections.deque[tuple] = collections.deque()
+        self.call_filter: Callable[[list[tuple]], list[tuple]] | None = None  # at each flush
+        # Given each flush's call records, as span_listeners are given its spans.
+        self.call_listeners: list[Callable[[list[tuple]], None]] = []
         self._prefix = secrets.token_hex(8)  # trace ids: 32 hex digits, as OpenTelemetry's
         self._ids = itertools.count(1)
         self.collectors: list[Callable[[float], list[dict[str, Any]]]] = []
@@ -72,6 +90,13 @@ class Recorder:
         # per-endpoint counters are counted here, once per flush, not on each call.
         self.span_listeners: list[Callable[[list[tuple]], None]] = []
         self.published = 0  # records published so far
+
+    def set_output(
+        self, publish: Callable[[bytes, dict[str, str]], None], wake: Callable[[], None]
+    ) -> None:
+        """Where flushes go, and who is asked for one (:class:`~monarch.telemetry.flusher.Flusher`)."""
+        self._publish = publish
+        self._wake = wake
 
     def new_trace(self) -> str:
         """A fresh trace id (the ``Mon-Trace`` header of one call)."""
@@ -98,22 +123,42 @@ class Recorder:
             self._waking = True
             self._wake()
 
+    def call(self, record: tuple) -> None:
+        """Record one finished call (a tuple in :data:`CALL_FIELDS` order). Any thread."""
+        calls = self._calls
+        calls.append(record)
+        if len(calls) >= self._batch and not self._waking:
+            self._waking = True
+            self._wake()
+
     def flush(self) -> int:
-        """Publish what waits (spans, then the metric points of this interval). Loop only.
+        """Publish what waits (spans, then the metric points of this interval); one thread at a time.
 
         A batch is one msgpack map: ``span_fields`` (:data:`SPAN_FIELDS`), ``spans``
-        (one array per span, in that order) and ``metrics`` (one map per point). Packing
-        arrays in one C call costs about half a microsecond a span, where a JSON line
-        each cost ten times that on the loop (benchmarks/bench_telemetry.py).
+        (one array per span, in that order), ``call_fields`` (:data:`CALL_FIELDS`),
+        ``calls`` (one array per finished call) and ``metrics`` (one map per point).
+        Records go :data:`CHUNK` to a message, and the GIL is let go between chunks.
+        Returns how many records (spans, calls, points) were published.
         """
         self._waking = False
-        items = self._items
+        items, calls = self._items, self._calls
         spans = [items.popleft() for _ in range(len(items))]
-        for listener in list(self.span_listeners):
-            try:
-                listener(spans)
-            except Exception:
-                log.exception("a telemetry span listener failed")
+        raw = [calls.popleft() for _ in range(len(calls))]
+        if raw and self.call_filter is not None:
+            raw = self.call_filter(raw)
+        for records, listeners, is_calls in ((spans, self.span_listeners, False),
+                                             (raw, self.call_listeners, True)):  # fmt: skip
+            for i in range(0, len(records), CHUNK):
+                chunk = records[i : i + CHUNK]
+                for listener in list(listeners):
+                    try:
+                        listener(chunk)
+                    except Exception:
+                        log.exception("a telemetry listener failed")
+                self._publish_batch([], chunk, []) if is_calls else self._publish_batch(
+                    chunk, [], []
+                )
+                time.sleep(0)  # a loop thread waiting for the GIL takes it now
         points: list[dict[str, Any]] = []
         now = time.time()
         for collect in list(self.collectors):
@@ -121,15 +166,18 @@ class Recorder:
                 points.extend(collect(now))
             except Exception:
                 log.exception("a telemetry collector failed")
-        for i in range(0, max(len(spans), len(points)), _MAX_RECORDS):
-            self._publish_batch(spans[i : i + _MAX_RECORDS], points[i : i + _MAX_RECORDS])
-        return len(spans) + len(points)
+        for i in range(0, len(points), CHUNK):
+            self._publish_batch([], [], points[i : i + CHUNK])
+        return len(spans) + len(raw) + len(points)
 
-    def _publish_batch(self, spans: list[tuple], points: list[dict[str, Any]]) -> None:
+    def _publish_batch(
+        self, spans: list[tuple], calls: list[tuple], points: list[dict[str, Any]]
+    ) -> None:
         for point in points:
             point["proc"] = self.proc
-        count = len(spans) + len(points)
-        body = {"proc": self.proc, "span_fields": SPAN_FIELDS, "spans": spans, "metrics": points}
+        count = len(spans) + len(calls) + len(points)
+        body = {"proc": self.proc, "span_fields": SPAN_FIELDS, "spans": spans,
+                "call_fields": CALL_FIELDS, "calls": calls, "metrics": points}  # fmt: skip
         headers = {hdr.KIND: "telemetry", hdr.FROM: self.proc, hdr.COUNT: str(count)}
         try:
             self._publish(msgpack.packb(body, default=str), headers)

@@ -1,8 +1,9 @@
 """The ``monarch-<ns>-telemetry`` stream: where every process's batches are kept.
 
 Each message on ``mon.<ns>.tel.<proc-uid>`` is one process's batch, a msgpack
-map (``span_fields``, ``spans``: one array per span, ``metrics``: one map per
-point), which ``monarch tail 'mon.<ns>.tel.>'`` shows decoded.
+map (``span_fields``, ``spans``: one array per span, ``call_fields``,
+``calls``: one array per finished call of an actor, which readers make its
+deliver and handle spans, ``metrics``: one map per point), which ``monarch tail 'mon.<ns>.tel.>'`` shows decoded.
 The stream is bounded (``MONARCH_TELEMETRY_MAX_BYTES``, default 64 MiB, and
 ``MONARCH_TELEMETRY_MAX_AGE``, default an hour; the oldest batches go first),
 kept in memory: telemetry is for looking at a job while it runs or just after.
@@ -62,15 +63,40 @@ async def ensure_stream(nc: Client, namespace: str, max_bytes: int, max_age: flo
 
 def decode_batch(data: bytes) -> list[dict[str, Any]]:
     """The records of one batch (:meth:`~monarch.telemetry.recorder.Recorder.flush`), each a
-    dict with ``type`` ``span`` or ``metric``; a body that is not a batch gives none."""
+    dict with ``type`` ``span`` or ``metric``; a body that is not a batch gives none.
+
+    A finished call's record becomes its deliver span (when its delivery time is
+    known) and its handle span, here rather than in the process that recorded it.
+    """
     try:
         batch = msgpack.unpackb(data)
         fields = batch["span_fields"]
         records = [dict(zip(fields, span), type="span") for span in batch["spans"]]
+        if batch.get("calls"):
+            records += _spans_of_calls(batch["proc"], batch["call_fields"], batch["calls"])
         records += [dict(point, type="metric") for point in batch["metrics"]]
     except Exception:
         return []
     return records
+
+
+def _spans_of_calls(proc: str, fields: list[str], calls: list[list]) -> list[dict[str, Any]]:
+    spans = []
+    for values in calls:
+        call = dict(zip(fields, values))
+        delivered, started = call["delivered"], call["started"]
+        common = {
+            "type": "span", "trace_id": call["trace"] or None, "proc": proc,
+            "actor_id": call["actor_id"], "mesh": call["mesh"], "rank": call["rank"],
+            "endpoint": call["endpoint"], "caller": call["caller"] or None,
+        }  # fmt: skip
+        if delivered:  # 0.0: not known
+            # delivered is time.time(), started the activity book's monotonic clock made
+            # wall time: the two may disagree by a few microseconds, never a negative wait.
+            spans.append(dict(common, span="deliver", start=min(delivered, started),
+                              end=started, ok=True))  # fmt: skip
+        spans.append(dict(common, span="handle", start=started, end=call["ended"], ok=call["ok"]))
+    return spans
 
 
 async def read_records(nc: Client, namespace: str, timeout: float) -> list[dict[str, Any]]:

@@ -30,16 +30,19 @@ def _target(mesh: ActorMesh) -> tuple[str | None, int | None]:
 def traced_call(
     mesh: ActorMesh, endpoint: str, args: tuple, kwargs: dict, gather: str, adhoc: str | None
 ) -> Any:
-    trace = tel.new_trace()
+    rec = tel._recorder
+    if rec is None:  # stopped meanwhile
+        return mesh._call(endpoint, args, kwargs, gather, adhoc, True, "")
+    trace = rec.new_trace()
     start = time.time()
     ok = False
     try:
-        result = mesh._call(endpoint, args, kwargs, gather, adhoc, True, trace or "")
+        result = mesh._call(endpoint, args, kwargs, gather, adhoc, True, trace)
         ok = True
         return result
     finally:
         actor_id, rank = _target(mesh) if gather != "choose" else (None, None)
-        tel.span("send", trace, start, time.time(), actor_id, mesh._name, rank, endpoint, ok)
+        rec.span("send", trace, start, time.time(), actor_id, mesh._name, rank, endpoint, ok)
 
 
 def traced_cast(
@@ -51,12 +54,15 @@ def traced_cast(
     port: Any,
     selection: str,
 ) -> None:
-    trace = tel.new_trace()
+    rec = tel._recorder
+    if rec is None:  # stopped meanwhile
+        return mesh._cast(endpoint, args, kwargs, adhoc, port, selection, "")
+    trace = rec.new_trace()
     start = time.time()
     ok = False
     try:
-        mesh._cast(endpoint, args, kwargs, adhoc, port, selection, trace or "")
+        mesh._cast(endpoint, args, kwargs, adhoc, port, selection, trace)
         ok = True
     finally:
         actor_id, rank = _target(mesh) if selection == "all" else (None, None)
-        tel.span("send", trace, start, time.time(), actor_id, mesh._name, rank, endpoint, ok)
+        rec.span("send", trace, start, time.time(), actor_id, mesh._name, rank, endpoint, ok)

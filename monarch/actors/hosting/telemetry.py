@@ -4,10 +4,13 @@ Called once per process when its runtime has connected (the client and every
 proc). With ``MONARCH_TELEMETRY`` unset this does nothing at all, and the
 hooks on the message path stay a check of one boolean
 (:data:`monarch.telemetry.recorder.ON`). On, it makes the process's
-:class:`~monarch.telemetry.recorder.Recorder` (publishing through the
-runtime), flushes it every ``MONARCH_TELEMETRY_INTERVAL`` and at close, and
-hangs the deliver and handle spans and the per-endpoint metrics on the
-finished-call records of the actors of this process. The client also creates
+:class:`~monarch.telemetry.recorder.Recorder` and its
+:class:`~monarch.telemetry.flusher.Flusher` (a thread with a broker
+connection of its own, which packs and publishes every
+``MONARCH_TELEMETRY_INTERVAL`` and at close, never on the event loop), and
+hangs the recorder on the finished-call records of the actors of this
+process: each is published as it is (readers make its deliver and handle
+spans), and the per-endpoint metrics are counted from them at each flush. The client also creates
 the bounded stream and, with an OTLP endpoint configured, exports the job's
 telemetry (:mod:`monarch.telemetry.otlp`).
 """
@@ -15,14 +18,18 @@ telemetry (:mod:`monarch.telemetry.otlp`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import os
 import time
 from typing import Any
 
-from monarch.actors.calls.activity import FLOW_MARKER, CallRecord, call_listeners
+from monarch.actors.calls.activity import FLOW_MARKER, call_listeners
 from monarch.broker import subjects
+from monarch.broker.connect import connect
 from monarch.core.runtime import Runtime
 from monarch.telemetry import recorder as tel
+from monarch.telemetry.flusher import Flusher
 from monarch.telemetry.meter import collect_all, get_meter, key_of
 from monarch.telemetry.otlp import OtlpExporter, otlp_endpoint
 from monarch.telemetry.stream import decode_batch, ensure_stream
@@ -39,32 +46,24 @@ _duration = _meter.create_histogram(
 _keys: dict[tuple[str, str], tuple] = {}  # (mesh, endpoint) -> the counters' attribute key
 
 
-def on_finished_call(record: CallRecord) -> None:
-    """A finished call of an actor of this process: its deliver and handle spans, and
-    through them the endpoint's counters (a listener of :data:`~monarch.actors.calls.activity.call_listeners`)."""
-    if not tel.ON or record.endpoint == FLOW_MARKER:  # not the runtime's own flow markers
-        return
-    trace = record.trace or None
-    actor_id, mesh, rank, endpoint = record.actor_id, record.mesh, record.rank, record.endpoint
-    caller = record.caller or None
-    if record.t_delivered:  # 0.0: not known
-        # t_delivered is time.time(), t_started the book's monotonic clock made wall time:
-        # the two may disagree by a few microseconds, never a negative wait.
-        delivered = min(record.t_delivered, record.t_started)
-        tel.span("deliver", trace, delivered, record.t_started, actor_id, mesh, rank,
-                 endpoint, True, caller)  # fmt: skip
-    tel.span("handle", trace, record.t_started, record.t_ended, actor_id, mesh, rank, endpoint,
-             record.ok, caller)  # fmt: skip
-    # (the endpoint's counters are counted from the handle spans, at each flush)
+def without_flow_markers(records: list[tuple]) -> list[tuple]:
+    """Finished calls to publish: not the runtime's own flow markers (the recorder's filter)."""
+    return [r for r in records if r[4] != FLOW_MARKER]
+
+
+def count_calls(records: list[tuple]) -> None:
+    """The per-endpoint calls, errors and durations of a flush's finished calls."""
+    _count([(r[1], r[4], r[7], r[8], r[9]) for r in records])
 
 
 def count_endpoints(spans: list[tuple]) -> None:
     """The per-endpoint calls, errors and durations of a flush's handle spans."""
+    _count([(s[4], s[6], s[7], s[8], s[9]) for s in spans if s[0] == "handle"])
+
+
+def _count(calls: list[tuple]) -> None:
     per: dict[tuple[str, str], list] = {}
-    for span in spans:
-        if span[0] != "handle":
-            continue
-        mesh, endpoint, start, end, ok = span[4], span[6], span[7], span[8], span[9]
+    for mesh, endpoint, start, end, ok in calls:
         acc = per.get((mesh, endpoint))
         if acc is None:
             acc = per[(mesh, endpoint)] = [0, []]
@@ -88,35 +87,44 @@ async def start_telemetry(rt: Runtime, *, client: bool) -> None:
         return
     endpoint = otlp_endpoint(cfg.otlp_endpoint) if client else None
     subject = subjects.telemetry(rt.namespace, rt.proc_uid)
-
-    def publish(payload: bytes, headers: dict[str, str]) -> None:
-        rt.publish(subject, payload, headers)
-
-    def wake() -> None:  # from any thread; the flush itself runs on the loop
-        rt.loop.call_soon_threadsafe(rec.flush)
-
-    keep_values = otlp_endpoint(cfg.otlp_endpoint) is not None
-    rec = tel.Recorder(rt.proc_uid, publish, wake, cfg.telemetry_batch, keep_values)
+    keep_values = otlp_endpoint(cfg.otlp_endpoint) is not None  # every process: the client exports
+    rec = tel.Recorder(rt.proc_uid, _unset, _unset, cfg.telemetry_batch, keep_values)
+    rec.call_filter = without_flow_markers
+    rec.call_listeners.append(count_calls)
     rec.span_listeners.append(count_endpoints)
     rec.collectors.append(collect_all)
+    # Off the loop, on a connection of its own: the replies on the main one never queue
+    # behind a flush (monarch.telemetry.flusher).
+    own_connection = functools.partial(
+        connect, rt.nats_url, cfg, name=f"monarch-{rt.proc_uid}-telemetry"
+    )
+    flusher = Flusher(rec, subject, cfg.telemetry_interval, own_connection)
+    _flusher[:] = [flusher]
     if client:
         assert rt.nc is not None
         await ensure_stream(rt.nc, rt.namespace, cfg.telemetry_max_bytes, cfg.telemetry_max_age)
     exporter = await _start_export(rt, endpoint, cfg.telemetry_interval) if endpoint else None
+    flusher.start()
     tel.start(rec)
-    _listen_to_calls()
-    rt.every(cfg.telemetry_interval, rec.flush, "publishing telemetry")
+    _listen_to_calls(rec)
 
     async def close() -> None:
-        rec.flush()
+        # The last flush (everything recorded until now; still on, so histograms keep
+        # their values for the exporter), confirmed by the broker before the main
+        # connection closes and the process reports its end.
+        await asyncio.get_running_loop().run_in_executor(None, flusher.stop)
         tel.stop()
         _paused.clear()
-        if on_finished_call in call_listeners:
-            call_listeners.remove(on_finished_call)
+        _flusher.clear()
+        _stop_listening()
         if exporter is not None:
             await exporter()
 
     rt.on_close(close)
+
+
+def _unset(*_: Any) -> None:  # the recorder's output until the flusher sets its own
+    pass
 
 
 def set_recording(on: bool) -> bool:
@@ -132,22 +140,49 @@ def set_recording(on: bool) -> bool:
         return False
     if on:
         tel.start(rec)
-        _listen_to_calls()
+        _listen_to_calls(rec)
     else:
         _paused["rec"] = rec
         tel.ON = False
-        if on_finished_call in call_listeners:
-            call_listeners.remove(on_finished_call)
+        _stop_listening()
     return True
 
 
 _paused: dict[str, tel.Recorder] = {}
+_flusher: list[Flusher] = []  # this process's, while telemetry runs
 
 
-def _listen_to_calls() -> None:
-    """Hang :func:`on_finished_call` on the actors' finished-call records, once."""
-    if on_finished_call not in call_listeners:
-        call_listeners.append(on_finished_call)
+def flusher_cpu() -> float:
+    """CPU seconds this process's telemetry thread has used (0.0 without one): benchmarks."""
+    return _flusher[0].cpu_s if _flusher else 0.0
+
+
+_listening: list[Any] = []  # the recorder's call() hung on call_listeners, while it is
+
+
+def _listen_to_calls(rec: tel.Recorder) -> None:
+    """Hang the recorder's :meth:`~monarch.telemetry.recorder.Recorder.call` on the actors'
+    finished-call records (one bound method: the actor's thread pays one call and an append)."""
+    if not _listening:
+        _listening.append(rec.call)
+        call_listeners.append(_listening[0])
+
+
+def _stop_listening() -> None:
+    while _listening:
+        listener = _listening.pop()
+        if listener in call_listeners:
+            call_listeners.remove(listener)
+
+
+def _forget_after_fork() -> None:
+    """A forked child has our listener, not our flusher: nothing may pile up for it."""
+    _paused.clear()
+    _stop_listening()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 async def _start_export(rt: Runtime, endpoint: str, interval: float) -> Any:
