@@ -84,7 +84,17 @@ class _Instrument:
         return [self._point(key, state, now) for key, state in points.items()]
 
 
-class Counter(_Instrument):
+class _Sum(_Instrument):
+    """What a counter and an up-down counter share: a running sum per attribute set."""
+
+    def add_keyed(self, amount: float, key: tuple) -> None:
+        """``add`` with the attributes already made a key (``key_of``): the runtime's own
+        per-call counters skip sorting them each time."""
+        with self._lock:
+            self._points[key] = self._points.get(key, 0) + amount
+
+
+class Counter(_Sum):
     """A monotonic sum: ``add`` takes non-negative amounts."""
 
     kind = "counter"
@@ -95,14 +105,8 @@ class Counter(_Instrument):
         if _rec.ON:
             self.add_keyed(amount, _key(attributes))
 
-    def add_keyed(self, amount: float, key: tuple) -> None:
-        """``add`` with the attributes already made a key (``key_of``): the runtime's own
-        per-call counters skip sorting them each time."""
-        with self._lock:
-            self._points[key] = self._points.get(key, 0) + amount
 
-
-class UpDownCounter(_Instrument):
+class UpDownCounter(_Sum):
     """A sum that may go down (queue lengths, things in use)."""
 
     kind = "up_down_counter"
@@ -110,12 +114,6 @@ class UpDownCounter(_Instrument):
     def add(self, amount: float, attributes: Attributes = None, context: Any = None) -> None:
         if _rec.ON:
             self.add_keyed(amount, _key(attributes))
-
-    def add_keyed(self, amount: float, key: tuple) -> None:
-        """``add`` with the attributes already made a key (``key_of``): the runtime's own
-        per-call counters skip sorting them each time."""
-        with self._lock:
-            self._points[key] = self._points.get(key, 0) + amount
 
 
 class Histogram(_Instrument):
