@@ -206,22 +206,11 @@ def current_recorder() -> Recorder | None:
     return _recorder
 
 
-def span(
-    name: str,
-    trace: str | None,
-    start: float,
-    end: float,
-    actor_id: str | None,
-    mesh: str | None,
-    rank: int | None,
-    endpoint: str | None,
-    ok: bool = True,
-    caller: str | None = None,
-) -> None:
-    """Record a span in this process's recorder, if telemetry is (still) on."""
+def span(name: str, *args: Any, **kwargs: Any) -> None:
+    """:meth:`Recorder.span` on this process's recorder, if telemetry is (still) on."""
     rec = _recorder
     if rec is not None:
-        rec.span(name, trace, start, end, actor_id, mesh, rank, endpoint, ok, caller)
+        rec.span(name, *args, **kwargs)
 
 
 def new_trace() -> str | None:

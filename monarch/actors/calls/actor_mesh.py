@@ -34,7 +34,7 @@ from monarch.actors.errors import (
 from monarch.actors.meshes.mesh_ops import MeshShapeOps
 from monarch.actors.meshes.shape import Extent, Point, View
 from monarch.actors.messaging import messages as m
-from monarch.actors.messaging.flow import FLOW_ENDPOINT, FlowControl
+from monarch.actors.messaging.flow import FLOW_ENDPOINT, FlowControl, flow_settings
 from monarch.actors.messaging.rpc import request_all
 from monarch.actors.process_state import actor_process
 from monarch.broker import subjects
@@ -79,16 +79,7 @@ class MeshState:
         self.proc_uids: list[str] = []  # per rank, where known (owner side)
         self.local: Any = None  # the ActorInstance when the whole mesh is in this process
         self.settled = threading.Event()  # spawned (or failed): references may leave now
-        cfg = rt.settings
-        self.flow = FlowControl(
-            name,
-            cfg.flow_timeout,
-            cfg.flow_batch,
-            cfg.flow_window,
-            cfg.flow_bytes,
-            loop=rt.loop,
-            hold_bytes=cfg.flow_hold_bytes,
-        )
+        self.flow = FlowControl(name, loop=rt.loop, **flow_settings(rt.settings))
         self.owner_proc = rt.proc_uid  # where the owner lives, and who it is
         self.owner_actor = "client"
         # (rank, count, subject) for messages from here that its actors never got

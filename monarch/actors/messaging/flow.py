@@ -47,6 +47,17 @@ class BackpressureError(RuntimeError):
     """An actor mesh did not keep up with this sender for too long."""
 
 
+def flow_settings(cfg: Any) -> dict[str, Any]:
+    """:class:`FlowControl`'s bounds as a process's settings give them (``MONARCH_FLOW_*``)."""
+    return {
+        "timeout": cfg.flow_timeout,
+        "batch": cfg.flow_batch,
+        "window": cfg.flow_window,
+        "max_bytes": cfg.flow_bytes,
+        "hold_bytes": cfg.flow_hold_bytes,
+    }
+
+
 class FlowControl:
     """One per (sender process, actor mesh)."""
 

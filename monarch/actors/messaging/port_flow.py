@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from monarch.actors.messaging.flow import FlowControl
+from monarch.actors.messaging.flow import FlowControl, flow_settings
 from monarch.broker import subjects
 from monarch.core.runtime import FLOW_PORT, Runtime
 
@@ -36,16 +36,7 @@ class PortFlow(FlowControl):
     """Flow control of this process's port sends to one proc."""
 
     def __init__(self, rt: Runtime, dest: str) -> None:
-        cfg = rt.settings
-        super().__init__(
-            dest,
-            cfg.flow_timeout,
-            cfg.flow_batch,
-            cfg.flow_window,
-            cfg.flow_bytes,
-            loop=rt.loop,
-            hold_bytes=cfg.flow_hold_bytes,
-        )
+        super().__init__(dest, loop=rt.loop, **flow_settings(rt.settings))
         self.what = f"proc {dest.rsplit('.', 1)[-1]} (port sends)"
         self._rt = rt
         self._marker_subject = f"{dest}.{FLOW_PORT}"
