@@ -31,8 +31,26 @@ T = TypeVar("T")
 
 ELECTION_BOUND = 30.0  # seconds; a cluster elects its JetStream leader in a few
 
+
+
+class NotPlacedYet(Exception):
+    """A create was refused and the stream or bucket does not exist.
+
+    On a cluster that has just lost servers, the meta leader may still answer
+    for a moment before it steps down, refusing to place the copies ("no
+    suitable peers", "insufficient resources") instead of saying it is
+    unavailable; seen in CI. Asked again like the other not-ready answers.
+    """
+
+
 # What JetStream answers (or fails to) while it has no leader.
-NOT_READY = (NatsTimeoutError, asyncio.TimeoutError, NoRespondersError, ServiceUnavailableError)
+NOT_READY = (
+    NatsTimeoutError,
+    asyncio.TimeoutError,
+    NoRespondersError,
+    ServiceUnavailableError,
+    NotPlacedYet,
+)
 
 
 def replicas(nc: Client) -> int:

@@ -25,7 +25,7 @@ from nats.js.kv import KeyValue
 from monarch.broker import headers as hdr
 from monarch.broker import subjects
 from monarch.broker.auth import auth_of
-from monarch.broker.jetstream_setup import NOT_READY, replicas, while_electing
+from monarch.broker.jetstream_setup import NOT_READY, NotPlacedYet, replicas, while_electing
 
 HOSTS = "hosts"
 PROCS = "procs"
@@ -89,8 +89,11 @@ async def open_bucket(nc: Client, namespace: str, what: str) -> KeyValue:
             )
         except NOT_READY:
             raise
-        except Exception:
-            return await js.key_value(name)  # created by someone else meanwhile
+        except Exception as refused:
+            try:
+                return await js.key_value(name)  # created by someone else meanwhile
+            except BucketNotFoundError:
+                raise NotPlacedYet(repr(refused)) from refused
 
     # On a cluster: a copy per server, and patience while it elects its leader.
     return await while_electing(f"the bucket {name}", open_or_create)

@@ -12,8 +12,9 @@ import logging
 
 from nats.aio.client import Client
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import NotFoundError
 
-from monarch.broker.jetstream_setup import NOT_READY, replicas, while_electing
+from monarch.broker.jetstream_setup import NOT_READY, NotPlacedYet, replicas, while_electing
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +54,11 @@ async def ensure_streams(nc: Client, namespace: str) -> None:
                 await js.add_stream(cfg)
             except NOT_READY:
                 raise
-            except Exception:  # already there with the same config is fine
-                await js.stream_info(cfg.name)
+            except Exception as refused:  # already there with the same config is fine
+                try:
+                    await js.stream_info(cfg.name)
+                except NotFoundError:
+                    raise NotPlacedYet(repr(refused)) from refused
 
         try:
             # A cluster that has just started elects its JetStream leader first.
