@@ -1,0 +1,1 @@
+"""Aliases for ``monarch._src.actor.*`` (see :mod:`monarch._src`)."""

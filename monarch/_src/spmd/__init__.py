@@ -1,0 +1,1 @@
+"""Aliases for ``monarch._src.spmd.*`` (see :mod:`monarch._src`)."""
