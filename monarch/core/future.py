@@ -52,7 +52,13 @@ class Future(Generic[R]):
     __slots__ = ("_cf",)
 
     def __init__(self, cf: concurrent.futures.Future | None = None) -> None:
-        self._cf: concurrent.futures.Future = cf if cf is not None else concurrent.futures.Future()
+        if cf is None:
+            cf = concurrent.futures.Future()
+            # A running cf cannot be cancelled: an awaiter that gives up (wait_for's
+            # timeout, a cancelled task) cancels its asyncio wrapper, which would
+            # otherwise cancel this outcome for every waiter and drop the result.
+            cf.set_running_or_notify_cancel()
+        self._cf: concurrent.futures.Future = cf
 
     # -- completing (whoever produces the value) -------------------------
 
