@@ -16,7 +16,16 @@ from typing import Any, Generic, TypeVar
 
 R = TypeVar("R")
 
-_loop_thread_ids: set[int] = set()
+
+class _ThreadMark(threading.local):
+    """Whether the calling thread runs a runtime loop. Thread-local, not a set of
+    thread ids: an ended thread's id is soon reused by a new thread, which must
+    not inherit the mark."""
+
+    loop = False
+
+
+_thread_mark = _ThreadMark()
 _coro_loop: asyncio.AbstractEventLoop | None = None
 _coro_loop_lock = threading.Lock()
 
@@ -36,7 +45,12 @@ def _coroutine_loop() -> asyncio.AbstractEventLoop:
 
 def mark_loop_thread() -> None:
     """Record that the calling thread runs a runtime loop (blocking there would deadlock)."""
-    _loop_thread_ids.add(threading.get_ident())
+    _thread_mark.loop = True
+
+
+def on_loop_thread() -> bool:
+    """Whether the calling thread runs a runtime loop (see :func:`mark_loop_thread`)."""
+    return _thread_mark.loop
 
 
 class Future(Generic[R]):
@@ -52,7 +66,13 @@ class Future(Generic[R]):
     __slots__ = ("_cf",)
 
     def __init__(self, cf: concurrent.futures.Future | None = None) -> None:
-        self._cf: concurrent.futures.Future = cf if cf is not None else concurrent.futures.Future()
+        if cf is None:
+            cf = concurrent.futures.Future()
+            # A running cf cannot be cancelled: an awaiter that gives up (wait_for's
+            # timeout, a cancelled task) cancels its asyncio wrapper, which would
+            # otherwise cancel this outcome for every waiter and drop the result.
+            cf.set_running_or_notify_cancel()
+        self._cf: concurrent.futures.Future = cf
 
     # -- completing (whoever produces the value) -------------------------
 
@@ -88,7 +108,7 @@ class Future(Generic[R]):
     # -- waiting (user side) ---------------------------------------------
 
     def get(self, timeout: float | None = None) -> R:
-        if not self._cf.done() and threading.get_ident() in _loop_thread_ids:
+        if not self._cf.done() and _thread_mark.loop:
             raise RuntimeError(
                 "Future.get() would block the actor runtime's event loop (inside an async "
                 "endpoint or callback); use `await future` there instead"

@@ -32,7 +32,7 @@ from collections.abc import Callable, Coroutine, Generator
 from typing import Any, ParamSpec, TypeVar
 
 from monarch.core import future as _future
-from monarch.core.future import Future, _coroutine_loop, _loop_thread_ids
+from monarch.core.future import Future, _coroutine_loop, on_loop_thread
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -87,7 +87,7 @@ class _DeferredFuture(Future[R]):
                 raise error  # started elsewhere: its outcome stays its own
             body.close()
             self.set_exception(error)
-        if self._body is not None and threading.get_ident() not in _loop_thread_ids:
+        if self._body is not None and not on_loop_thread():
             loop = _coroutine_loop()
             loop.call_soon_threadsafe(self._start_on, loop)
         return super().get(timeout)
