@@ -1,0 +1,12 @@
+"""Alias for ``monarch._src.actor.actor_mesh`` (see :mod:`monarch._src`).
+
+``_context`` is the context variable that holds the running actor's context:
+set while an actor's code runs, ``None`` in a client's own code. Downstream
+code (torchstore's SPMD start-up) reads it to ask "am I already inside a
+Monarch actor?". Ours is the same variable that :func:`monarch.actor.context`
+reads, so the answer is the same as Monarch 0.7's. Read it; never set it.
+"""
+
+from monarch.actors.calls.context import _current as _context
+
+__all__ = ["_context"]
