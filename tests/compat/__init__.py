@@ -1,0 +1,1 @@
+"""Tests that downstream libraries' uses of Monarch behave as on Monarch 0.7."""
