@@ -1,0 +1,74 @@
+"""Names and behaviour TorchForge's controller layer and Monarch's examples rely on.
+
+TorchForge (meta-pytorch/torchforge) imports ``monarch.utils`` and three
+internal paths, and its provisioner keeps bookkeeping on mesh objects
+(attributes set on them, proc meshes as dict keys). These tests check that
+against real procs on a real broker, in our own words.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+
+import pytest
+
+from monarch.actor import Actor, ActorMesh, Extent, endpoint, this_host
+from monarch.actors.calls.endpoint import EndpointProperty
+from tests.spmd.spmd_actors import EnvProbe
+
+
+class Greeter(Actor):
+    @endpoint
+    def hello(self, who: str) -> str:
+        return f"hello {who}"
+
+
+def test_internal_paths_name_our_public_objects():
+    assert importlib.import_module("monarch._src.actor.actor_mesh").ActorMesh is ActorMesh
+    assert (
+        importlib.import_module("monarch._src.actor.endpoint").EndpointProperty is EndpointProperty
+    )
+    assert importlib.import_module("monarch._src.actor.shape").Extent is Extent
+    # What @endpoint leaves on the class is what TorchForge's ServiceInterface scans for.
+    assert isinstance(Greeter.hello, EndpointProperty)
+    assert not isinstance(Greeter.__init__, EndpointProperty)
+    # TorchForge builds a host extent positionally: labels, then sizes.
+    ext = Extent(["hosts", "no_dim"], [3, 1])
+    assert dict(ext) == {"hosts": 3, "no_dim": 1}
+
+
+def test_forge_bookkeeping_on_meshes(nats_url):
+    host = this_host()
+    host._host_id = "local"  # the provisioner tags host meshes
+    pm = host.spawn_procs(per_host={"procs": 2}, name="forge_book")
+    try:
+        greeters = pm.spawn("greeter", Greeter)
+        assert isinstance(greeters, ActorMesh)
+        greeters._proc_mesh = pm  # ForgeActor.launch keeps the mesh on the actor mesh
+        pm._host = host
+        owners = {pm: host}  # proc meshes are dict keys in the provisioner
+        assert owners[pm]._host_id == "local" and greeters._proc_mesh is pm
+        one = greeters.slice(**{k: slice(0, 1) for k in greeters.extent.keys()})
+        assert one.hello.call_one("forge").get(timeout=60) == "hello forge"
+    finally:
+        pm.stop().get(timeout=60)
+
+
+def test_setup_env_for_distributed_sets_torch_env_on_each_proc(nats_url):
+    from monarch.utils import setup_env_for_distributed
+
+    pm = this_host().spawn_procs(per_host={"procs": 2}, name="forge_env")
+    try:
+        with pytest.warns(DeprecationWarning, match="setup_torch_elastic_env_async"):
+            asyncio.run(setup_env_for_distributed(pm, master_addr="127.0.0.1", master_port=29511))
+        envs = pm.spawn("probe", EnvProbe).env.call().get(timeout=60)
+        got = {point.rank: env for point, env in envs.items()}
+        assert sorted(got) == [0, 1]
+        for rank, env in got.items():
+            assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "2"
+            assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", "29511")
+        with pytest.raises(ValueError, match="master_port"), pytest.warns(DeprecationWarning):
+            asyncio.run(setup_env_for_distributed(pm, master_addr="127.0.0.1"))
+    finally:
+        pm.stop().get(timeout=60)
