@@ -19,9 +19,16 @@ from tests.spmd.spmd_actors import EnvProbe
 
 
 class Greeter(Actor):
+    greeting = "hello"
+
     @endpoint
     def hello(self, who: str) -> str:
-        return f"hello {who}"
+        return f"{self.greeting} {who}"
+
+
+def configured(cls: type, **attrs) -> type:
+    """A subclass made the way ForgeActor.options() makes one: same name, new class attributes."""
+    return type(cls.__name__, (cls,), attrs)
 
 
 def test_internal_paths_name_our_public_objects():
@@ -70,5 +77,20 @@ def test_setup_env_for_distributed_sets_torch_env_on_each_proc(nats_url):
             assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", "29511")
         with pytest.raises(ValueError, match="master_port"), pytest.warns(DeprecationWarning):
             asyncio.run(setup_env_for_distributed(pm, master_addr="127.0.0.1"))
+    finally:
+        pm.stop().get(timeout=60)
+
+
+def test_a_subclass_made_with_type_under_its_parents_name_spawns_as_itself(nats_url):
+    # Its module holds the *parent* under that name, so naming it by module:qualname
+    # would spawn the parent: it must reach the procs by value.
+    Hi = configured(Greeter, greeting="hi")
+    assert Hi.__module__ == Greeter.__module__ and Hi.__qualname__ == "Greeter"
+    pm = this_host().spawn_procs(per_host={"procs": 1}, name="forge_options")
+    try:
+        his = pm.spawn("hi", Hi)
+        assert his.hello.call_one("there").get(timeout=60) == "hi there"
+        plain = pm.spawn("plain", Greeter)
+        assert plain.hello.call_one("there").get(timeout=60) == "hello there"
     finally:
         pm.stop().get(timeout=60)
