@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import pickle
 
 import pytest
 
-from monarch.actor import Actor, ActorMesh, Extent, endpoint, this_host
+from monarch.actor import Actor, ActorMesh, Extent, context, endpoint, this_host
 from monarch.actors.calls.endpoint import EndpointProperty
 from tests.spmd.spmd_actors import EnvProbe
 
@@ -92,5 +93,39 @@ def test_a_subclass_made_with_type_under_its_parents_name_spawns_as_itself(nats_
         assert his.hello.call_one("there").get(timeout=60) == "hi there"
         plain = pm.spawn("plain", Greeter)
         assert plain.hello.call_one("there").get(timeout=60) == "hello there"
+    finally:
+        pm.stop().get(timeout=60)
+
+
+class Counted(Actor):
+    """An actor with a private endpoint, called from outside like any other."""
+
+    def __init__(self) -> None:
+        self.items = [1, 2, 3]
+
+    @endpoint
+    async def _numel(self) -> int:
+        return len(self.items)
+
+    @endpoint
+    async def whoami(self) -> tuple[str, str]:
+        me = context().actor_instance.actor_id
+        return str(me), me.actor_name
+
+
+def test_private_endpoints_are_callable_and_actor_ids_have_actor_names(nats_url):
+    me = context().actor_instance.actor_id
+    assert me == "client" and me.actor_name == "client"
+    assert pickle.loads(pickle.dumps(me)).actor_name == "client"
+    pm = this_host().spawn_procs(per_host={"procs": 1}, name="forge_private")
+    try:
+        counted = pm.spawn("counted_mesh", Counted)
+        assert counted._numel.call_one().get(timeout=60) == 3
+        text, actor_name = counted.whoami.call_one().get(timeout=60)
+        assert actor_name == "counted_mesh" and text.startswith("counted_mesh")
+        with pytest.raises(AttributeError):
+            counted._not_an_endpoint  # noqa: B018
+        with pytest.raises(AttributeError):
+            counted.__wrapped__  # noqa: B018
     finally:
         pm.stop().get(timeout=60)
