@@ -129,3 +129,10 @@ def test_private_endpoints_are_callable_and_actor_ids_have_actor_names(nats_url)
             counted.__wrapped__  # noqa: B018
     finally:
         pm.stop().get(timeout=60)
+
+
+def test_an_endpoint_of_an_instance_built_here_runs_through_method():
+    # No proc and no broker: an actor object made directly, its endpoint run as a method.
+    c = Counted()
+    assert asyncio.run(c._numel._method(c)) == 3
+    assert asyncio.run(c._numel()) == 3
