@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import sys
 from typing import Any
 
 from monarch.actors.calls.context import context
@@ -81,13 +82,25 @@ def _check_hooks_match_endpoints(cls: type) -> None:
 def class_ref(cls: type) -> Any:
     """How a spawn message names the actor class: ``module:qualname`` when importable.
 
-    Classes defined in a script's ``__main__`` (or inside functions) travel by
+    Classes defined in a script's ``__main__`` (or inside functions), and
+    classes made with ``type(...)`` that their module does not hold under
+    their name (TorchForge's ``ForgeActor.options()`` subclasses), travel by
     value through cloudpickle instead, which the receiving proc unpickles.
     """
     module = cls.__module__
-    if module != "__main__" and "<locals>" not in cls.__qualname__:
+    if module != "__main__" and "<locals>" not in cls.__qualname__ and _held_by_name(cls):
         return f"{module}:{cls.__qualname__}"
     return cls
+
+
+def _held_by_name(cls: type) -> bool:
+    """Whether ``module.qualname`` (of a module already imported here) is this very class."""
+    obj: Any = sys.modules.get(cls.__module__)
+    if obj is None:
+        return True  # not imported here: the proc imports it by name, as before
+    for part in cls.__qualname__.split("."):
+        obj = getattr(obj, part, None)
+    return obj is cls
 
 
 def resolve_class(ref: Any) -> type:

@@ -319,7 +319,12 @@ class ActorMesh(MeshShapeOps, Generic[A]):
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
-            raise AttributeError(name)
+            # A private endpoint (``async def _numel``) is called like any other, as in
+            # Monarch; any other private name (an attribute not set yet, a pickle probe) is
+            # absent. ``__dict__`` directly: ``_state`` itself may not be set yet.
+            state = self.__dict__.get("_state")
+            if name.startswith("__") or state is None or name not in state.endpoints:
+                raise AttributeError(name)
         cached = self._endpoint_cache.get(name)
         if cached is not None:
             return cached

@@ -51,6 +51,25 @@ def proc_mesh_from_fields(fields: list) -> Callable[[], Any]:
     return resolve
 
 
+class ActorId(str):
+    """An actor's id as text (``name.uid[rank]``, or ``client``), with Monarch's ``actor_name``.
+
+    Code written for Monarch reads ``context().actor_instance.actor_id.actor_name``
+    (TorchForge names its metrics by it); everything else here uses the text.
+    ``actor_name`` is the name the actor's mesh was spawned with, ``client`` in the client.
+    """
+
+    actor_name: str
+
+    def __new__(cls, text: str, actor_name: str) -> ActorId:
+        made = super().__new__(cls, text)
+        made.actor_name = actor_name
+        return made
+
+    def __getnewargs__(self) -> tuple[str, str]:  # type: ignore[override]
+        return (str(self), self.actor_name)
+
+
 class Instance:
     """The running actor (or the client) as seen from its own code."""
 
@@ -66,7 +85,7 @@ class Instance:
         class_name: str | None = None,
         creator: CreatorInstance | None = None,
     ) -> None:
-        self.actor_id = actor_id
+        self.actor_id = ActorId(actor_id, "client" if actor_id == "client" else name)
         self.name = name  # the name the actor mesh was given at spawn
         self.rank = rank  # the actor's point in the mesh it was spawned on
         self.proc_uid = proc_uid

@@ -11,6 +11,7 @@ sent.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import threading
@@ -48,6 +49,11 @@ class EndpointProperty(Generic[R]):
         self.signature = inspect.signature(method)
         self._fast_range = self._positional_range()
         functools.update_wrapper(self, method)  # type: ignore[arg-type]
+        # ``actor.endpoint._method(actor)`` (TorchForge's tests run an actor's setup that
+        # way on an instance built directly): the bound method below forwards unknown
+        # attributes to its function, so the function names itself.
+        with contextlib.suppress(AttributeError, TypeError):
+            method._method = method  # type: ignore[attr-defined]
 
     @property
     def _explicit_response_port(self) -> bool:
