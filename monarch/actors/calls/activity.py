@@ -193,8 +193,13 @@ class ActorActivity:
         self.in_flight.add(call)
         return call
 
-    def end(self, call: Call, ok: bool) -> None:
-        """``call`` is over (``ok``: it returned rather than raised)."""
+    def end(self, call: Call, ok: bool, later: list[tuple] | None = None) -> None:
+        """``call`` is over (``ok``: it returned rather than raised).
+
+        ``later``: where a listened-to call's record waits, to be told with
+        :func:`tell_later` once its reply is written (the record is off the
+        reply's latency path); None: told now.
+        """
         now = _monotonic()
         self.in_flight.discard(call)
         ep = call.ep
@@ -213,7 +218,10 @@ class ActorActivity:
         if call.stalled and call.stall is not None:  # the stall is over
             call.stall["finished_after"] = round(now - call.started, 3)
         if call_listeners:
-            _tell(self, call, now, ok)
+            if later is None:
+                _tell(self, call, now, ok)
+            else:
+                later.append((self, call, now, ok))
 
     # -- life ------------------------------------------------------------------------
 
@@ -369,6 +377,12 @@ def copied(container: Any) -> list:
         except RuntimeError:  # changed size while being copied: try again
             continue
     return []
+
+
+def tell_later(later: list[tuple]) -> None:
+    """Tell :data:`call_listeners` the records :meth:`ActorActivity.end` left in ``later``."""
+    while later:
+        _tell(*later.pop(0))
 
 
 def _tell(act: ActorActivity, call: Call, now: float, ok: bool) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 from nats.aio.msg import Msg
 
 from monarch.actors.calls import activity
-from monarch.actors.calls.activity import call_listeners
+from monarch.actors.calls.activity import call_listeners, tell_later
 from monarch.actors.calls.context import Context, CreatorInstance, Instance, set_context
 from monarch.actors.calls.endpoint import EndpointProperty, endpoints_of
 from monarch.actors.calls.mailbox import Job, LoopRunner, ThreadRunner
@@ -385,12 +385,17 @@ class ActorInstance:
             elif prop.concurrent:
                 runner.post(self._start_concurrent, prop, item)
             else:
+                # Recording finished calls (telemetry): their records are made after
+                # the reply is written, off its latency path (benchmarks/NOTES.md 47).
+                later: list[tuple] | None = [] if call_listeners else None
                 if prop.is_async:
                     ok, body, at = runner.run_async(self._invoke_async(prop, item))
                 else:
-                    ok, body, at = self._invoke_sync(prop, item)
+                    ok, body, at = self._invoke_sync(prop, item, later)
                 if not (ok and self._reply_from_thread(item, body, prop, at)):
                     runner.post(self._respond, item, ok, body, prop, at)
+                if later:
+                    tell_later(later)
         if self._stop_requested:
             self._stop_requested = False
             runner.post(self._stop_soon)
@@ -521,8 +526,13 @@ class ActorInstance:
             args = (Port(msg.reply or "", self.rank, message_point.rank), *args)
         return args, kwargs, message_point.rank
 
-    def _invoke_sync(self, prop: EndpointProperty, msg: Msg) -> tuple[bool, bytes, int]:
-        """Run a sync endpoint: (ok, reply body, this actor's rank where the message was sent)."""
+    def _invoke_sync(
+        self, prop: EndpointProperty, msg: Msg, later: list[tuple] | None = None
+    ) -> tuple[bool, bytes, int]:
+        """Run a sync endpoint: (ok, reply body, this actor's rank where the message was sent).
+
+        ``later``: as :meth:`ActorActivity.end`'s (the caller tells it after replying).
+        """
         at = self.rank
         call = self.activity.begin(prop.name, prop.concurrent, msg)
         try:
@@ -530,9 +540,9 @@ class ActorInstance:
             result = prop._method(self.obj, *args, **kwargs)
             body = self._encode_result(prop, msg, result)
         except BaseException as e:  # SystemExit too: it must not end the actor's thread
-            self.activity.end(call, False)
+            self.activity.end(call, False, later)
             return (*self._failure(prop, e), at)
-        self.activity.end(call, True)
+        self.activity.end(call, True, later)
         return True, body, at
 
     async def _invoke_async(self, prop: EndpointProperty, msg: Msg) -> tuple[bool, bytes, int]:
