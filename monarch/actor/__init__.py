@@ -1,9 +1,10 @@
 """The Monarch actor API (``from monarch.actor import Actor, endpoint, this_host``).
 
 This module only re-exports; the work lives in :mod:`monarch.actors`. The
-README's support table says, name by name, what is supported.
+support table in docs/support.md says, name by name, what is supported.
 
-Layer: the public facade, above every runtime layer; below only the CLI.
+Layer: the public facade, above every runtime layer; below the job layer
+(``monarch.job``, ``monarch.spmd``, ``monarch.elastic``) and the CLI.
 """
 
 from monarch.actors.calls.actor import Actor

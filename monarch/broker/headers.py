@@ -30,7 +30,7 @@ STREAM = "Mon-Stream"
 XFER = "Mon-Xfer"
 TRACE = "Mon-Trace"
 
-# name -> what it carries (README "Watching the traffic" shows them on the wire)
+# name -> what it carries (docs/observability.md, "Watching the traffic", shows them on the wire)
 TABLE: dict[str, str] = {
     KIND: "the message's kind: call (wants replies), send (no reply), reply, error, spawn, "
     "stop, ready, ok, sync, batch; on control subjects also probe and lost; heartbeats "

@@ -2,8 +2,9 @@
 
 nats-py hands each subscription its own queue and its own task, so messages
 that arrive on one socket in order can be handled out of order when they match
-different subscriptions (an actor listens on 2^d subjects; DESIGN.md reports 30
-inversions in 100,000 messages over 4 subscriptions). The server delivers one
+different subscriptions (an actor listens on 2^d subjects; docs/design.md,
+"Ordering and delivery", reports 30 inversions in 100,000 messages over 4
+subscriptions). The server delivers one
 publisher's messages to one connection in order, so the fix is to handle each
 message synchronously, in wire order, the moment nats-py parses it.
 

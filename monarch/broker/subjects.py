@@ -1,4 +1,4 @@
-"""Subject names, exactly as DESIGN.md's table gives them.
+"""Subject names, exactly as the table in docs/design.md ("Subjects") gives them.
 
 Every subject starts with ``mon.<namespace>`` so that several jobs can share a
 broker and NATS permissions can fence them. Tokens are readable names plus

@@ -22,7 +22,7 @@ on another machine needs a broker both can reach (``MONARCH_NATS_URL``).
 
 Who may attach. Whoever attaches runs code as the worker's user (its actors),
 so a worker does not take every hello the way Monarch's
-``trust_all_connections`` does (a departure, said in the README):
+``trust_all_connections`` does (a departure, said in docs/deployment.md):
 
 * an ``ipc://`` socket is created for the worker's user only (mode 0600) and
   the peer's uid is checked (``SO_PEERCRED``);
