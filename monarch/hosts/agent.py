@@ -45,8 +45,9 @@ from monarch.broker.registry import HOST_UID_ENV, HOSTS, PROCS, HostInfo, open_b
 from monarch.hosts import protocol as p
 from monarch.hosts.connect import connect, local_address
 from monarch.hosts.stop_signals import ignore_stop_signals, stop_on_signals
-from monarch.supervision.liveness import Heartbeater, Watcher, announce_dead
+from monarch.supervision.heartbeat import Heartbeater
 from monarch.supervision.streams import ensure_streams
+from monarch.supervision.watcher import Watcher, announce_dead
 
 log = logging.getLogger("monarch.host")
 
@@ -119,7 +120,7 @@ class HostAgent:
         )
         self.hosts_kv = await open_bucket(self.nc, self.ns, HOSTS)
         self.procs_kv = await open_bucket(self.nc, self.ns, PROCS)
-        # Off the loop, on a connection of its own (see monarch.supervision.liveness),
+        # Off the loop, on a connection of its own (see monarch.supervision.heartbeat),
         # which also hears the heartbeats of the owners we watch.
         own_connection = functools.partial(connect, self.url, f"monarch-host-{self.uid}-heartbeat")
         self.heartbeater = Heartbeater(

@@ -137,15 +137,15 @@ import sys
 sys.path.insert(0, sys.argv[1])
 import json
 import users_module
-import monarch.broker.codec, monarch.core.runtime, monarch.supervision.liveness
+import monarch.broker.codec, monarch.core.runtime, monarch.supervision.heartbeat
 from monarch.actors.hosting.proc import release_user_module_globals
 release_user_module_globals()
 print(users_module.RESOURCE, monarch.broker.codec.dumps is not None,
-      monarch.core.runtime.Runtime is not None, monarch.supervision.liveness.__name__,
+      monarch.core.runtime.Runtime is not None, monarch.supervision.heartbeat.__name__,
       json.dumps is not None)
 """
     out = printed_words(script, str(tmp_path))
-    assert out == ["None", "True", "True", "monarch.supervision.liveness", "True"]
+    assert out == ["None", "True", "True", "monarch.supervision.heartbeat", "True"]
 
 
 def test_finalizing_skips_only_torchs_own_operator_library_finalizers():

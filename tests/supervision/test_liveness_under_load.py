@@ -26,8 +26,9 @@ from monarch.broker import subjects
 from monarch.broker.config import settings
 from monarch.broker.connect import connect
 from monarch.broker.intake import subscribe_ordered
-from monarch.supervision import liveness
-from monarch.supervision.liveness import QUIET, STALL, Heartbeater, Watcher
+from monarch.supervision import watcher as watcher_module
+from monarch.supervision.heartbeat import QUIET, STALL, Heartbeater
+from monarch.supervision.watcher import Watcher
 from tests import helpers
 from tests.helpers import run_in_own_loop, wait_until
 
@@ -180,9 +181,9 @@ def _late_hearing(tmp_path: Path, marker: str) -> Path:
     fake = _stand_in(tmp_path)
     site = f"""
         import time
-        from monarch.supervision import liveness
+        from monarch.supervision import heartbeat
 
-        subscribe = liveness.Heartbeater._sync_heard
+        subscribe = heartbeat.Heartbeater._sync_heard
         held = set()
 
         async def late_subscribe(self):
@@ -193,7 +194,7 @@ def _late_hearing(tmp_path: Path, marker: str) -> Path:
                 time.sleep(0.5)
             await subscribe(self)
 
-        liveness.Heartbeater._sync_heard = late_subscribe
+        heartbeat.Heartbeater._sync_heard = late_subscribe
     """
     (fake / "sitecustomize.py").write_text(textwrap.dedent(site))
     return fake
@@ -409,7 +410,7 @@ def test_a_hearing_thread_kept_from_running_calls_no_silence_but_a_real_one(nats
     wait in that thread's socket, and that silence is ours, not the uid's. Once the
     beats stop for real, the uid is declared dead as before. (Beating first for longer
     than DEAF_LIMIT timeouts: the thread must keep saying that it reads.)"""
-    monkeypatch.setattr(liveness, "DEAF_LIMIT", 4)
+    monkeypatch.setattr(watcher_module, "DEAF_LIMIT", 4)
 
     async def scenario(hearing, beat, deaths):  # type: ignore[no-untyped-def]
         await _beats_for(beat, 5.0)
@@ -427,7 +428,7 @@ def test_a_hearing_thread_kept_from_running_calls_no_silence_but_a_real_one(nats
 def test_a_hearing_thread_stuck_for_good_holds_no_verdict_back(nats_url, monkeypatch):
     """Past DEAF_LIMIT timeouts without the hearing thread reading, silence counts
     again: a stuck thread must not make the watcher blind to deaths."""
-    monkeypatch.setattr(liveness, "DEAF_LIMIT", 2)
+    monkeypatch.setattr(watcher_module, "DEAF_LIMIT", 2)
 
     async def scenario(hearing, beat, deaths):  # type: ignore[no-untyped-def]
         await _beats_for(beat, 0.5)

@@ -2,7 +2,7 @@
 
 Everything goes over NATS core (request/reply to an inbox) and, on the
 process's side, over its side channel (the heartbeat thread's own
-connection, :meth:`~monarch.supervision.liveness.Heartbeater.publish`): an
+connection, :meth:`~monarch.supervision.heartbeat.Heartbeater.publish`): an
 async endpoint's breakpoint blocks its proc's event loop, so nothing the
 debugger needs may wait for that loop.
 

@@ -4,7 +4,7 @@ Each breakpoint hit in actor code opens a :class:`Session` in the process's
 :class:`SessionTable`. The table listens (once the first breakpoint is hit,
 never before: a process that never pauses pays nothing) on the process's side
 channel, the heartbeat thread's own broker connection
-(:class:`~monarch.supervision.liveness.Heartbeater`): it answers ``monarch
+(:class:`~monarch.supervision.heartbeat.Heartbeater`): it answers ``monarch
 debug``'s list requests and hands each input line to its session's queue. The
 paused thread itself (the actor's thread, or the proc's event loop for an
 async endpoint) only waits on that queue, in short bounded waits, so it also
@@ -26,7 +26,7 @@ from typing import Any
 
 from monarch.actors.debugging import protocol as p
 from monarch.actors.debugging.remote_pdb import RemotePdb
-from monarch.supervision.liveness import Heartbeater
+from monarch.supervision.heartbeat import Heartbeater
 
 log = logging.getLogger(__name__)
 

@@ -70,7 +70,7 @@ def preimport_torch() -> None:
 
     Otherwise the first tensor a proc decodes imports it on the event loop:
     seconds on a busy machine during which the loop serves nothing (heartbeats
-    go on from their own thread, see :mod:`monarch.supervision.liveness`).
+    go on from their own thread, see :mod:`monarch.supervision.heartbeat`).
     """
     if "torch" in sys.modules or importlib.util.find_spec("torch") is None:
         return

@@ -3,7 +3,7 @@
 Each process with actors answers requests on
 ``mon.<ns>.ctl.stacks.<proc uid>`` (:func:`monarch.broker.subjects.stacks_subject`)
 from its side channel, the heartbeat thread (see
-:meth:`monarch.supervision.liveness.Heartbeater.publish`): a proc whose
+:meth:`monarch.supervision.heartbeat.Heartbeater.publish`): a proc whose
 event loop is blocked, or whose actor thread waits forever, still answers.
 One whose interpreter is held (a long C call that keeps the GIL, a stopped
 process) cannot: no Python thread runs there, this one included; ``py-spy

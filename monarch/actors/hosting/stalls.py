@@ -1,7 +1,7 @@
 """Stalled calls: an endpoint call that runs longer than ``MONARCH_STALL_THRESHOLD`` seconds.
 
 Checked off the loop, at each heartbeat, on the heartbeat thread
-(:attr:`monarch.supervision.liveness.Heartbeater.beat_listeners`), against
+(:attr:`monarch.supervision.heartbeat.Heartbeater.beat_listeners`), against
 the start times in the activity book (:mod:`monarch.actors.calls.activity`):
 an async endpoint that blocks the proc's loop is caught as well as a sync one
 that waits. When a call passes the threshold:

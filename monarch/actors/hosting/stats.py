@@ -4,7 +4,7 @@ Every process that hosts actors (each proc, and the client, which hosts
 ``this_proc()`` actors) answers a request on :func:`stats_subject` with one
 JSON document. It is answered from the process's *side channel* (the
 heartbeat thread and its own connection, see
-:meth:`monarch.supervision.liveness.Heartbeater.publish`), so a proc whose
+:meth:`monarch.supervision.heartbeat.Heartbeater.publish`), so a proc whose
 event loop is blocked (an async endpoint calling ``time.sleep``) still
 answers, and says so in ``loop_stall``. Only a C call that holds the GIL
 keeps it from answering (use ``monarch stacks --py-spy`` there).

@@ -41,8 +41,9 @@ from monarch.broker.codec import dumps, loads
 from monarch.broker.connect import connect
 from monarch.core.runtime import Runtime
 from monarch.supervision.failure import MeshFailure, SupervisionFailure
-from monarch.supervision.liveness import Heartbeater, Watcher, announce_dead
+from monarch.supervision.heartbeat import Heartbeater
 from monarch.supervision.streams import ensure_streams
+from monarch.supervision.watcher import Watcher, announce_dead
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class Supervisor:
             rt.namespace, rt.proc_uid, cfg.heartbeat_interval, own_connection
         )
         # Heartbeats are heard on that connection too: a backlog of calls on the main
-        # one must not delay them (monarch.supervision.liveness).
+        # one must not delay them (monarch.supervision.heartbeat).
         # (A reaper's "dead" announcement is taken from the main connection, where
         # it comes after the exit report it follows.)
         self.watcher = Watcher(
