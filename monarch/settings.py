@@ -136,7 +136,6 @@ class Settings(BrokerSettings):
     )
 
 
-
 @functools.lru_cache(maxsize=1)
 def _read() -> Settings:
     return Settings.from_env()
