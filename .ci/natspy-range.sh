@@ -10,6 +10,11 @@
 #   bash .ci/natspy-range.sh            # both ends of the range
 #   NATSPY_VERSIONS="2.9.0" bash .ci/natspy-range.sh   # just these
 #
+# Last run (2026-12-05, range >=2.9,<3): nats-py 2.16.0 passed (230 tests);
+# 2.9.0 failed: it lacks Client._parse_header_lines, Client._skip_subject_validation
+# and nats.aio.client._validate_subject (2.15.0 still lacks the last two), so
+# fast_headers, fast_delivery, sync_publish and direct_write stay off there.
+#
 # Exit status: 0 when every version passed. Needs Python 3.10+ and the package index.
 set -uo pipefail
 cd "$(dirname "$0")/.."
