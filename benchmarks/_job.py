@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-from monarch.broker.server import EmbeddedBroker
+from monarch.broker.connections.server import EmbeddedBroker
 
 
 def own_broker(cleanup: contextlib.ExitStack) -> EmbeddedBroker:

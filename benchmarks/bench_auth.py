@@ -54,7 +54,7 @@ class Echo(Actor):
 
 def serve_side() -> None:
     """Spawn a proc, then answer ``{"op": "call"|"fire", "n": N}`` lines until stdin ends."""
-    from monarch.broker import auth
+    from monarch.broker.connections import auth
     from monarch.core.runtime import runtime
 
     procs = this_host().spawn_procs(per_host={"gpus": 1})
@@ -161,7 +161,7 @@ def bench_sides(sides: dict[str, Side], cfg: dict) -> dict[str, dict[str, float]
 
 def tag_costs() -> dict[str, float]:
     """Microseconds to sign and to verify one call-sized message (4 headers, 16 B body)."""
-    from monarch.broker.auth import TAG, MessageAuth
+    from monarch.broker.connections.auth import TAG, MessageAuth
     from monarch.core.runtime import LocalMsg
 
     a = MessageAuth("k" * 43)

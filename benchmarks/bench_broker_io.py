@@ -34,7 +34,7 @@ import statistics
 import time
 
 from monarch.actor import Actor, endpoint, this_host
-from monarch.broker import sync_publish
+from monarch.broker.natspy_internals import sync_publish
 from monarch.core.runtime import runtime
 
 CHANGES = ("read", "write", "deliver", "sync", "direct")

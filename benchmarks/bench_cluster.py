@@ -6,7 +6,7 @@ Three placements, each run on fresh brokers, taken in turn per run:
 
 * ``single``: one nats-server (``EmbeddedBroker``), client and procs on it;
 * ``cluster, same node``: a three-node cluster on loopback
-  (``monarch.broker.cluster``), client and procs on node 0;
+  (``monarch.broker.connections.cluster``), client and procs on node 0;
 * ``cluster, across``: the client on node 0, the procs on node 1, so every
   message crosses a route between two nats-servers.
 
@@ -40,8 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from monarch.broker.cluster import nats_cluster  # noqa: E402
-from monarch.broker.server import EmbeddedBroker  # noqa: E402
+from monarch.broker.connections.cluster import nats_cluster  # noqa: E402
+from monarch.broker.connections.server import EmbeddedBroker  # noqa: E402
 
 RUN_TIMEOUT = 300.0  # seconds for one client script
 

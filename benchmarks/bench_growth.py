@@ -25,7 +25,7 @@ import statistics
 import time
 from pathlib import Path
 
-from monarch.broker.server import EmbeddedBroker
+from monarch.broker.connections.server import EmbeddedBroker
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TIMEOUT = 120.0

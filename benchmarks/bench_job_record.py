@@ -1,4 +1,4 @@
-"""What a job record (monarch.broker.job_records) adds to a client's start.
+"""What a job record (monarch.broker.connections.job_records) adds to a client's start.
 
 Two measurements, medians of several runs:
 
@@ -26,7 +26,7 @@ import time
 _START = """
 import json, sys, time
 import monarch.actor  # noqa: F401  (what a script imports first)
-from monarch.broker import job_records
+from monarch.broker.connections import job_records
 from monarch.core.runtime import runtime
 if sys.argv[1] == "off":
     job_records.publish = lambda *a, **k: None
@@ -37,7 +37,7 @@ print(json.dumps({"start_s": time.perf_counter() - t}), flush=True)
 
 
 def in_process(n: int) -> tuple[float, float]:
-    from monarch.broker import job_records
+    from monarch.broker.connections import job_records
 
     publish, remove = [], []
     for _ in range(n):

@@ -27,7 +27,7 @@ import time
 
 import uvloop
 
-from monarch.broker.server import EmbeddedBroker
+from monarch.broker.connections.server import EmbeddedBroker
 
 SUBJECT, INBOX = b"floor.echo", b"floor.inbox"
 

@@ -3,7 +3,7 @@
     python benchmarks/bench_node_death.py [--runs N] [--json]
 
 Each run starts a fresh three-node NATS cluster on loopback
-(``monarch.broker.cluster``) and a client script against it (``MONARCH_NATS_URL``
+(``monarch.broker.connections.cluster``) and a client script against it (``MONARCH_NATS_URL``
 lists the three nodes) with a 4-proc mesh, then:
 
   a. four threads call the mesh back to back; SIGKILL the node of a proc that
@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from monarch.broker.cluster import nats_cluster  # noqa: E402
+from monarch.broker.connections.cluster import nats_cluster  # noqa: E402
 
 PRELUDE = """
     import collections, json, os, signal, threading, time

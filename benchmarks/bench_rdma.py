@@ -26,7 +26,7 @@ import time
 import torch
 
 from monarch.actor import Actor, endpoint, this_host
-from monarch.broker.server import EmbeddedBroker
+from monarch.broker.connections.server import EmbeddedBroker
 from monarch.core.runtime import shutdown_runtime
 from monarch.rdma import RDMABuffer
 

@@ -259,7 +259,7 @@ def main() -> int:
     if args.quick:
         cfg = {"warmup": 50, "latency": 300, "block": 100, "blocks": 4, "fire": 1000,
                "settle": 1.2}  # fmt: skip
-    from monarch.broker.server import EmbeddedBroker
+    from monarch.broker.connections.server import EmbeddedBroker
 
     load0 = os.getloadavg()
     fresh: list[dict] = []

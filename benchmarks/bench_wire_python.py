@@ -10,10 +10,10 @@ carries. Per message, in microseconds (median of ``--repeat`` timings of
 
 * receive: one whole ``HMSG`` frame, as a socket delivers it, through nats-py's
   parser (its ``parse``, ``_process_msg`` and header coroutines) against
-  :func:`monarch.broker.fast_delivery.deliver_chunk`; both end in the same
+  :func:`monarch.broker.natspy_internals.fast_delivery.deliver_chunk`; both end in the same
   intake (``Msg`` built, handed to the subscription's handler);
 * publish: nats-py's ``publish`` coroutine run to its end (as the runtime ran
-  it before NOTES 31) against :func:`monarch.broker.sync_publish.publisher`;
+  it before NOTES 31) against :func:`monarch.broker.natspy_internals.sync_publish.publisher`;
   both queue the same bytes. The queued bytes are thrown away every 1,000
   messages, not sent: only the Python is measured.
 
@@ -30,13 +30,13 @@ import statistics
 import time
 from collections.abc import Callable
 
-from monarch.broker import sync_publish
-from monarch.broker.auth import TAG, MessageAuth, auth_of
-from monarch.broker.config import settings
-from monarch.broker.connect import connect
-from monarch.broker.fast_delivery import deliver_chunk
-from monarch.broker.intake import subscribe_ordered
-from monarch.broker.server import EmbeddedBroker
+from monarch.broker.connections.auth import TAG, MessageAuth, auth_of
+from monarch.broker.connections.connect import connect
+from monarch.broker.connections.server import EmbeddedBroker
+from monarch.broker.natspy_internals import sync_publish
+from monarch.broker.natspy_internals.fast_delivery import deliver_chunk
+from monarch.broker.natspy_internals.intake import subscribe_ordered
+from monarch.settings import settings
 
 SUBJECT, REPLY = "mon.bench.port.p-1.0", "_INBOX.r.1"
 HEADERS = {"Mon-Kind": "call", "Mon-Endpoint": "ping", "Mon-From": "client-7f3a.0", "Mon-Seq": "17"}

@@ -17,10 +17,10 @@ import tempfile
 import pytest
 
 from monarch.actors.procs.zygote import TORCH_ZYGOTE_NAME
-from monarch.broker.server import EmbeddedBroker
+from monarch.broker.connections.server import EmbeddedBroker
 from tests.helpers import descendants, wait_until
 
-# Clients write job records and NATS contexts (monarch.broker.job_records) under
+# Clients write job records and NATS contexts (monarch.broker.connections.job_records) under
 # XDG_RUNTIME_DIR and XDG_CONFIG_HOME: the suite's go to a folder of its own, never
 # to the real home's.
 _XDG = tempfile.mkdtemp(prefix="monarch-tests-xdg-")
@@ -34,7 +34,7 @@ atexit.register(shutil.rmtree, _XDG, ignore_errors=True)
 def nats_url():
     broker = EmbeddedBroker().start()
     os.environ["MONARCH_NATS_URL"] = broker.url
-    from monarch.broker.config import settings
+    from monarch.settings import settings
 
     settings.cache_clear()
     # The client's proc zygote lives as long as the session: start it before any

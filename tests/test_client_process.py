@@ -124,7 +124,7 @@ def test_pickle_forbidden_is_a_clear_error_at_the_sender(tmp_path):
         tmp_path,
         """
         from monarch.actor import Actor, endpoint, this_host
-        from monarch.broker.codec import PicklingForbiddenError
+        from monarch.broker.bodies.codec import PicklingForbiddenError
 
         class Local(Actor):
             @endpoint

@@ -7,6 +7,7 @@ Layer: the public facade, above every runtime layer; below the job layer
 (``monarch.job``, ``monarch.spmd``, ``monarch.elastic``) and the CLI.
 """
 
+from monarch import settings as config
 from monarch.actors.calls.actor import Actor
 from monarch.actors.calls.actor_mesh import ActorMesh, MessageTooLargeError
 from monarch.actors.calls.context import (
@@ -57,8 +58,7 @@ from monarch.actors.meshes.value_mesh import ValueMesh
 from monarch.actors.procs.controllers import get_or_spawn_controller
 from monarch.actors.procs.host_mesh import HostMesh, default_bootstrap_cmd, this_host
 from monarch.actors.procs.proc_mesh import ProcMesh, this_proc
-from monarch.broker import config
-from monarch.broker.connect import BrokerConnectionError
+from monarch.broker.connections.connect import BrokerConnectionError
 from monarch.core.future import Future
 from monarch.core.ids import ProcId, Uid
 from monarch.core.returns_future import returns_future

@@ -33,10 +33,10 @@ from monarch.actors.hosting.telemetry import start_telemetry
 from monarch.actors.messaging.loss_recovery import start_loss_recovery
 from monarch.actors.procs.controllers import get_or_spawn_here
 from monarch.actors.procs.launcher import prestart_zygote, run_on_launcher_thread
-from monarch.broker import job_records, subjects
-from monarch.broker.auth import job_key
-from monarch.broker.config import Settings, settings
-from monarch.broker.server import EmbeddedBroker
+from monarch.broker.connections import job_records
+from monarch.broker.connections.auth import job_key
+from monarch.broker.connections.server import EmbeddedBroker
+from monarch.broker.vocabulary import subjects
 from monarch.core.future import Future
 from monarch.core.runtime import (
     Runtime,
@@ -46,6 +46,7 @@ from monarch.core.runtime import (
     set_starter,
     shutdown_runtime,
 )
+from monarch.settings import Settings, settings
 from monarch.supervision.failure import MeshFailure
 
 log = logging.getLogger(__name__)

@@ -35,7 +35,7 @@ def command(args: argparse.Namespace, binary: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     # Imported when the subcommand runs, so that `monarch --help` stays fast.
-    from monarch.broker.server import BrokerError, find_nats_server
+    from monarch.broker.connections.server import BrokerError, find_nats_server
 
     try:
         binary = find_nats_server()

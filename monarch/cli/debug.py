@@ -29,7 +29,7 @@ BANNER = (
 
 def run(args: argparse.Namespace) -> int:
     # Imported when the subcommand runs, so that `monarch --help` stays fast.
-    from monarch.broker.config import settings
+    from monarch.settings import settings
 
     if args.pdb_command and args.cast is None:
         print("monarch debug: a pdb command is given only with --cast SEL "

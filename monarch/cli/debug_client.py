@@ -17,8 +17,8 @@ from typing import Any
 from nats.aio.client import Client
 
 from monarch.actors.debugging import protocol as p
-from monarch.broker import headers as hdr
-from monarch.broker import subjects
+from monarch.broker.vocabulary import headers as hdr
+from monarch.broker.vocabulary import subjects
 
 # Answer states beyond the protocol's, made here when no answer came.
 PROC_GONE = "proc-gone"  # the session's process stopped beating, or was announced dead

@@ -1,6 +1,6 @@
 """``monarch jobs``, and how every command finds a running job when given no broker.
 
-A job's client writes a record (:mod:`monarch.broker.job_records`) that only
+A job's client writes a record (:mod:`monarch.broker.connections.job_records`) that only
 its user can read. ``monarch jobs`` lists them (without their secrets);
 :func:`discover` is what :func:`monarch.cli.main.broker_url` falls back to
 when neither ``--nats-url`` nor ``MONARCH_NATS_URL`` names a broker: the job
@@ -16,8 +16,8 @@ import os
 import sys
 import time
 
-from monarch.broker import job_records
-from monarch.broker.job_records import JobRecord
+from monarch.broker.connections import job_records
+from monarch.broker.connections.job_records import JobRecord
 
 # The settings a record supplies, by environment variable; a value the shell
 # set for some other broker must not mix with the job's.
@@ -83,7 +83,7 @@ def use(args: argparse.Namespace, job: JobRecord) -> str:
     An explicit ``--namespace`` still wins.
     """
     # Imported when a command runs, so that `monarch --help` stays fast.
-    from monarch.broker.config import settings
+    from monarch.settings import settings
 
     if not getattr(args, "namespace", None):
         os.environ["MONARCH_NAMESPACE"] = job.namespace

@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "namespace", None):
         os.environ["MONARCH_NAMESPACE"] = args.namespace
         # Imported when the subcommand runs, so that `monarch --help` stays fast.
-        from monarch.broker.config import settings
+        from monarch.settings import settings
 
         settings.cache_clear()
     if args.command == "demo":
@@ -201,7 +201,7 @@ def broker_url(args: argparse.Namespace) -> str:
     if there is nothing to connect to.
     """
     # Imported when the subcommand runs, so that `monarch --help` stays fast.
-    from monarch.broker.config import settings
+    from monarch.settings import settings
 
     job = getattr(args, "job", None)
     if args.nats_url and job:

@@ -19,8 +19,15 @@ from typing import Any
 
 from nats.aio.client import Client
 
-from monarch.broker.registry import HOSTS, PROCS, HeartbeatSeen, bucket_name, list_hosts, list_procs
-from monarch.broker.subjects import ps_subject
+from monarch.broker.connections.registry import (
+    HOSTS,
+    PROCS,
+    HeartbeatSeen,
+    bucket_name,
+    list_hosts,
+    list_procs,
+)
+from monarch.broker.vocabulary.subjects import ps_subject
 from monarch.cli.main import broker_url
 
 
@@ -155,8 +162,8 @@ def render(snap: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     # Imported when the subcommand runs, so that `monarch --help` stays fast.
-    from monarch.broker.config import settings
     from monarch.hosts.connect import connect
+    from monarch.settings import settings
 
     url, ns = broker_url(args), settings().namespace
 

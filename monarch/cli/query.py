@@ -47,8 +47,8 @@ def run(args: argparse.Namespace) -> int:
         print('monarch query: give a query, e.g. "SELECT * FROM spans LIMIT 10"', file=sys.stderr)
         return 2
     # Imported when the subcommand runs, so that `monarch --help` stays fast.
-    from monarch.broker.config import settings
     from monarch.hosts.connect import connect
+    from monarch.settings import settings
 
     url, ns = broker_url(args), settings().namespace
 

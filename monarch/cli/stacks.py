@@ -38,8 +38,8 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from monarch.broker.registry import list_procs
-from monarch.broker.subjects import stacks_subject, stats_subject
+from monarch.broker.connections.registry import list_procs
+from monarch.broker.vocabulary.subjects import stacks_subject, stats_subject
 from monarch.cli.main import broker_url
 
 _TARGET = re.compile(r"^([A-Za-z0-9_-]+)(?:\[(\d+)\])?$")
@@ -267,8 +267,8 @@ def _died(uid: str, pid: int | None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     # Imported when the subcommand runs, so that `monarch --help` stays fast.
-    from monarch.broker.config import settings
     from monarch.hosts.connect import connect
+    from monarch.settings import settings
 
     try:
         mesh, rank = parse_target(args.target)

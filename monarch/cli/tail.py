@@ -1,11 +1,11 @@
 """``monarch tail [SUBJECT]``: live traffic, one readable line per message.
 
 Each line is the subject, the ``Mon-*`` headers (and the reply subject, if
-any), and the body decoded with :func:`monarch.broker.codec.loads` (either
+any), and the body decoded with :func:`monarch.broker.bodies.codec.loads` (either
 wire mode). Pickled values are shown as ``<pickle N bytes>`` unless
 ``--pickle`` says the traffic is trusted; bodies that are not monarch's
 (heartbeat timestamps, reasons) print as text. Lines are cut to ``--width``.
-A batch (``Mon-Kind=batch``, see :mod:`monarch.broker.batch`) prints its own
+A batch (``Mon-Kind=batch``, see :mod:`monarch.broker.bodies.batch`) prints its own
 line, then one ``  > `` line per message inside it.
 """
 
@@ -18,12 +18,12 @@ from typing import Any, TextIO
 
 import msgpack
 
-from monarch.broker import batch
-from monarch.broker import headers as hdr
-from monarch.broker.codec import CodecError, loads
+from monarch.broker.bodies import batch
+from monarch.broker.bodies.codec import CodecError, loads
+from monarch.broker.vocabulary import headers as hdr
 from monarch.cli.main import broker_url
 
-_FRAME = b"\xd7\x07"  # the codec's out-of-band buffer frame (see monarch.broker.codec)
+_FRAME = b"\xd7\x07"  # the codec's out-of-band buffer frame (see monarch.broker.bodies.codec)
 
 
 def decode_body(data: bytes, allow_pickle: bool = False) -> str:
@@ -147,7 +147,7 @@ async def tail(
 
 def run(args: argparse.Namespace) -> int:
     # Imported when the subcommand runs, so that `monarch --help` stays fast.
-    from monarch.broker.config import settings
+    from monarch.settings import settings
 
     url = broker_url(args)
     subject = args.subject or f"mon.{settings().namespace}.>"

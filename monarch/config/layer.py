@@ -29,9 +29,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from monarch.broker.config import ENV_PREFIX, Settings, settings
 from monarch.config import keys
 from monarch.core.runtime import current_runtime_or_none
+from monarch.settings import ENV_PREFIX, Settings, settings
 
 _lock = threading.RLock()
 _layer: dict[str, Any] = {}  # key as the user wrote it -> checked value, in order set

@@ -32,7 +32,7 @@ import os
 import time
 from typing import Any
 
-from monarch.broker import headers as hdr
+from monarch.broker.vocabulary import headers as hdr
 
 WAIT_HEADER = hdr.WAIT  # value "one": a caller blocks on this single reply
 

@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from monarch.broker import headers as hdr
-from monarch.broker.registry import HOST_UID_ENV, PROCS, open_bucket
-from monarch.broker.subjects import ps_subject
+from monarch.broker.connections.registry import HOST_UID_ENV, PROCS, open_bucket
+from monarch.broker.vocabulary import headers as hdr
+from monarch.broker.vocabulary.subjects import ps_subject
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ needs (control kinds with :meth:`Runtime.handle_ctl_kind`, connection listeners,
 closers), so the core never imports upward.
 
 All publishing goes through one ordered outbox on the loop, and all receiving
-through one ordered intake (:mod:`monarch.broker.intake`), which is what makes
+through one ordered intake (:mod:`monarch.broker.natspy_internals.intake`), which is what makes
 per-sender ordering hold end to end.
 """
 
@@ -31,17 +31,19 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from monarch.broker import batch, subjects, sync_publish
-from monarch.broker import headers as hdr
-from monarch.broker.config import Settings
-from monarch.broker.connect import connect
-from monarch.broker.direct_write import DirectWrite
-from monarch.broker.inline import run_inline
-from monarch.broker.intake import subscribe_ordered
-from monarch.broker.sync_publish import Publisher
+from monarch.broker.bodies import batch
+from monarch.broker.connections.connect import connect
+from monarch.broker.natspy_internals import sync_publish
+from monarch.broker.natspy_internals.direct_write import DirectWrite
+from monarch.broker.natspy_internals.inline import run_inline
+from monarch.broker.natspy_internals.intake import subscribe_ordered
+from monarch.broker.natspy_internals.sync_publish import Publisher
+from monarch.broker.vocabulary import headers as hdr
+from monarch.broker.vocabulary import subjects
 from monarch.core.busy_poll import WAIT_HEADER, BusyPoll
 from monarch.core.flow_answers import FlowAnswers
 from monarch.core.future import mark_loop_thread
+from monarch.settings import Settings
 
 log = logging.getLogger(__name__)
 # The pseudo port a proc answers port senders' flow markers on (monarch.actors.messaging.port_flow).
@@ -102,7 +104,7 @@ class Runtime:
         self._inbox: collections.deque = collections.deque()  # calls from other threads
         self._inbox_scheduled = False
         self._draining = False  # the loop is running calls taken from the inbox
-        # Fire-and-forget messages to one subject waiting to leave as one (monarch.broker.batch).
+        # Fire-and-forget messages to one subject waiting to leave as one (monarch.broker.bodies.batch).
         self._batch: list[tuple[dict[str, str], bytes]] = []
         self._batch_subject = ""
         self._batch_bytes = 0
@@ -117,7 +119,7 @@ class Runtime:
         self._own_port_prefix = subjects.port(cfg.namespace, proc_uid, "")
         self._own_ctl = subjects.ctl_proc(cfg.namespace, proc_uid)
         self.busy_poll = BusyPoll(loop, cfg.busy_poll_us)
-        # The connection's plain publish (monarch.broker.sync_publish), made on first use.
+        # The connection's plain publish (monarch.broker.natspy_internals.sync_publish), made on first use.
         self._sync_publish_nc: Client | None = None
         self._sync_publish: Publisher | None = None
         # Threads' own writes to the broker's socket while the outbox is empty (connect()).
@@ -246,7 +248,7 @@ class Runtime:
 
         The outbox's order holds: the message is written on this thread only
         while the loop has nothing of this process queued to write (its inbox,
-        its batch; the connection's own queues, :mod:`monarch.broker.direct_write`),
+        its batch; the connection's own queues, :mod:`monarch.broker.natspy_internals.direct_write`),
         so it could not have overtaken anything handed over before it. False:
         nothing was sent, hand it to the loop (:meth:`call_soon`) as usual.
         Messages to this process itself, and all of them while busy polling,
@@ -300,7 +302,7 @@ class Runtime:
         Messages to this process's own ports and control subject are handed
         over directly, without the broker round trip. ``batchable`` messages
         (small, no reply) may leave together with the ones next to them that
-        go to the same subject, as one batch (:mod:`monarch.broker.batch`).
+        go to the same subject, as one batch (:mod:`monarch.broker.bodies.batch`).
         """
         if subject.startswith(self._own_port_prefix):
             self._on_port(LocalMsg(subject, payload, reply, headers))
@@ -363,12 +365,12 @@ class Runtime:
     ) -> None:
         """Publish right here, without a task switch.
 
-        In one plain call where the connection allows (:mod:`monarch.broker.sync_publish`),
+        In one plain call where the connection allows (:mod:`monarch.broker.natspy_internals.sync_publish`),
         else by running nats-py's ``publish`` coroutine here. It queues (or writes,
-        :mod:`monarch.broker.write_through`) the message's bytes before its first
+        :mod:`monarch.broker.natspy_internals.write_through`) the message's bytes before its first
         (rare) suspension, a forced flush of a full buffer, so the
         order of messages is fixed here either way; a suspended publish is
-        finished by a task (:func:`monarch.broker.inline.run_inline`).
+        finished by a task (:func:`monarch.broker.natspy_internals.inline.run_inline`).
         """
         nc = self.nc
         if nc is not self._sync_publish_nc:  # once per connection

@@ -1,7 +1,7 @@
 """Host agents and multi-host meshes.
 
 ``monarch host`` (:mod:`monarch.hosts.agent`) runs on each machine of a
-cluster: it registers in the broker (:mod:`monarch.broker.registry`),
+cluster: it registers in the broker (:mod:`monarch.broker.connections.registry`),
 heartbeats, and starts, reaps and kills procs when a client asks.
 A client finds registered agents with ``attach_to_workers``
 (:mod:`monarch.hosts.attach`) and its proc meshes start procs through them

@@ -36,15 +36,15 @@ from monarch.actors.errors import process_exit_reason
 from monarch.actors.meshes.shape import Extent
 from monarch.actors.messaging import messages as m
 from monarch.actors.procs.launcher import proc_env
-from monarch.broker import subjects
-from monarch.broker._pdeathsig import child_dies_with_parent
-from monarch.broker.codec import dumps, loads
-from monarch.broker.config import Settings, settings
-from monarch.broker.intake import subscribe_ordered
-from monarch.broker.registry import HOST_UID_ENV, HOSTS, PROCS, HostInfo, open_bucket
+from monarch.broker.bodies.codec import dumps, loads
+from monarch.broker.connections._pdeathsig import child_dies_with_parent
+from monarch.broker.connections.registry import HOST_UID_ENV, HOSTS, PROCS, HostInfo, open_bucket
+from monarch.broker.natspy_internals.intake import subscribe_ordered
+from monarch.broker.vocabulary import subjects
 from monarch.hosts import protocol as p
 from monarch.hosts.connect import connect, local_address
 from monarch.hosts.stop_signals import ignore_stop_signals, stop_on_signals
+from monarch.settings import Settings, settings
 from monarch.supervision.heartbeat import Heartbeater
 from monarch.supervision.streams import ensure_streams
 from monarch.supervision.watcher import Watcher, announce_dead

@@ -25,13 +25,13 @@ from nats.aio.client import Client
 
 from monarch.actors.meshes.shape import Extent, View
 from monarch.actors.procs.host_mesh import HostMesh
-from monarch.broker.config import settings
-from monarch.broker.registry import HeartbeatSeen, HostInfo, list_hosts
+from monarch.broker.connections.registry import HeartbeatSeen, HostInfo, list_hosts
 from monarch.core.future import Future
 from monarch.core.runtime import new_event_loop, runtime
 from monarch.hosts import dial_in
 from monarch.hosts.agent import run_agent
 from monarch.hosts.launcher import AgentLauncher
+from monarch.settings import settings
 
 _POLL = 0.1  # seconds between looks at the registry while waiting
 

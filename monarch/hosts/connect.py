@@ -15,9 +15,9 @@ from typing import Any
 import nats
 from nats.aio.client import Client
 
-from monarch.broker.auth import secure
-from monarch.broker.config import settings
-from monarch.broker.connect import connect_options
+from monarch.broker.connections.auth import secure
+from monarch.broker.connections.connect import connect_options
+from monarch.settings import settings
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ async def connect(url: str, name: str, timeout: float = 60.0, **options: Any) ->
             f"cannot reach the NATS broker at {url} (tried for {timeout:.0f} s): "
             "is it running, and is MONARCH_NATS_URL (or --nats-url) right?"
         ) from e
-    secure(nc, settings())  # with a job key: sign what we publish (monarch.broker.auth)
+    secure(nc, settings())  # with a job key: sign what we publish (monarch.broker.connections.auth)
     return nc
 
 

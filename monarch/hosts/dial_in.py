@@ -50,8 +50,8 @@ import struct
 import threading
 from typing import Any
 
-from monarch.broker.config import settings
 from monarch.hosts.stop_signals import ignore_stop_signals, stop_on_signals
+from monarch.settings import settings
 
 HELLO_TIMEOUT = 10.0  # seconds a dialling client has to say hello
 SHUTDOWN = b"shutdown"  # the client's last line: its host mesh is shut down, the worker ends

@@ -24,9 +24,9 @@ from monarch.actors.meshes.shape import Extent
 from monarch.actors.messaging import messages as m
 from monarch.actors.messaging.rpc import request_all
 from monarch.actors.procs.launcher import ProcHandle
-from monarch.broker import subjects
-from monarch.broker.codec import dumps, loads
-from monarch.broker.registry import HostInfo
+from monarch.broker.bodies.codec import dumps, loads
+from monarch.broker.connections.registry import HostInfo
+from monarch.broker.vocabulary import subjects
 from monarch.core.runtime import Runtime
 from monarch.hosts import protocol as p
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import os
 
-from monarch.broker import headers as hdr
-from monarch.broker.registry import HOST_UID_ENV
+from monarch.broker.connections.registry import HOST_UID_ENV
+from monarch.broker.vocabulary import headers as hdr
 
 SPAWN, KILL, PING, EXIT = "spawn", "kill", "ping", "exit"
 PROC = hdr.PROC  # header of exit reports: the proc that ended

@@ -32,7 +32,7 @@ import uuid
 from dataclasses import dataclass
 
 from monarch.actor import HostMesh, attach_to_workers
-from monarch.broker._pdeathsig import child_dies_with_parent
+from monarch.broker.connections._pdeathsig import child_dies_with_parent
 from monarch.job._broker import client_broker, use_broker
 from monarch.job.job import JobState, JobTrait
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from monarch.broker.ext import register_ext
+from monarch.broker.bodies.ext import register_ext
 from monarch.core.future import Future
 from monarch.rdma import transfer
 from monarch.rdma.backend import monarch_name

@@ -25,9 +25,9 @@ import logging
 import os
 from typing import Any
 
-from monarch.broker import buffers
-from monarch.broker.codec import dumps, loads
-from monarch.broker.ext import register_ext
+from monarch.broker.bodies import buffers
+from monarch.broker.bodies.codec import dumps, loads
+from monarch.broker.bodies.ext import register_ext
 from monarch.core.runtime import current_runtime_or_none
 from monarch.rdma import config, transfer
 from monarch.rdma.handle import BufferHandle
@@ -105,7 +105,7 @@ def fetch(body: bytes, *, timeout: float | None = None) -> bytes | bytearray | m
     """The original bytes of ``body`` (``body`` itself unless it is a reference). Blocks.
 
     A fetched body is a bytearray, or a memoryview of anonymous memory when big;
-    both are what :func:`~monarch.broker.codec.loads` takes.
+    both are what :func:`~monarch.broker.bodies.codec.loads` takes.
 
     Raises BufferDroppedError if the body was already released, OwnerGoneError
     if its sender has exited, RDMATimeoutError after ``timeout`` seconds

@@ -1,8 +1,10 @@
 """The ``MONARCH_*`` variables of the bulk/RDMA layer, read when used.
 
-They are read on each use rather than once (an ``os.environ`` lookup is
-cheap next to any transfer), so a test or a benchmark may change them
-between transfers. A bad value raises ``ValueError`` naming the variable.
+They are read on each use rather than once (one variable's lookup and
+validation is cheap next to any transfer), so a test or a benchmark may change
+them between transfers. :class:`RdmaSettings` declares them in the project's
+settings style (:class:`monarch.broker.settings.EnvSettings`: pydantic, field
+``x`` is ``MONARCH_X``); a bad value raises ``ValueError`` naming the variable.
 
 =============================  =========  ==========================================
 ``MONARCH_RDMA_TRANSPORT``     ``auto``   ``auto`` (best that works: ibverbs, same_host,
@@ -22,53 +24,62 @@ between transfers. A bad value raises ``ValueError`` naming the variable.
 
 from __future__ import annotations
 
-import os
+from pydantic import Field, field_validator
+
+from monarch.broker.settings import EnvSettings
 
 TRANSPORTS = ("ibverbs", "same_host", "tcp")
 
 
-def _number(name: str, default: float, *, integer: bool = False) -> float:
-    raw = os.environ.get(name, "")
-    if raw == "":
-        return default
-    try:
-        value = int(raw) if integer else float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r}: expected a number") from None
-    if value < 0:
-        raise ValueError(f"{name}={raw!r}: must not be negative")
-    return value
+class RdmaSettings(EnvSettings):
+    """The bulk/RDMA layer's ``MONARCH_*`` variables (the table above)."""
+
+    rdma_transport: str = Field(
+        "auto", description="auto (best that works) or one of ibverbs, same_host, tcp, forced."
+    )
+    bulk_threshold: int = Field(
+        256 * 1024, ge=0, description="Bodies above this many bytes travel out of band."
+    )
+    bulk_ttl: float = Field(600.0, ge=0, description="Seconds an out-of-band body waits.")
+    bulk_timeout: float = Field(120.0, ge=0, description="Seconds a receiver may take to fetch.")
+    rdma_host: str | None = Field(None, description="Address the bulk server listens on.")
+    rdma_device: str | None = Field(None, description="ibverbs device name.")
+    rdma_gid_index: int = Field(0, ge=0, description="ibverbs GID table index.")
+
+    @field_validator("rdma_transport", mode="before")
+    @classmethod
+    def _one_of_the_transports(cls, raw: object) -> str:
+        value = str(raw).strip().lower().replace("-", "_") or "auto"
+        if value != "auto" and value not in TRANSPORTS:
+            raise ValueError(f"expected auto, {', '.join(TRANSPORTS)}")
+        return value
 
 
 def forced_transport() -> str | None:
     """The transport ``MONARCH_RDMA_TRANSPORT`` forces, or None for ``auto``."""
-    raw = os.environ.get("MONARCH_RDMA_TRANSPORT", "").strip().lower().replace("-", "_")
-    if raw in ("", "auto"):
-        return None
-    if raw not in TRANSPORTS:
-        raise ValueError(f"MONARCH_RDMA_TRANSPORT={raw!r}: expected auto, {', '.join(TRANSPORTS)}")
-    return raw
+    value = RdmaSettings.read("rdma_transport")
+    return None if value == "auto" else value
 
 
 def bulk_threshold() -> int:
-    return int(_number("MONARCH_BULK_THRESHOLD", 256 * 1024, integer=True))
+    return RdmaSettings.read("bulk_threshold")
 
 
 def bulk_ttl() -> float:
-    return _number("MONARCH_BULK_TTL", 600.0)
+    return RdmaSettings.read("bulk_ttl")
 
 
 def bulk_timeout() -> float:
-    return _number("MONARCH_BULK_TIMEOUT", 120.0)
+    return RdmaSettings.read("bulk_timeout")
 
 
 def bind_host() -> str | None:
-    return os.environ.get("MONARCH_RDMA_HOST") or None
+    return RdmaSettings.read("rdma_host")
 
 
 def ibverbs_device() -> str | None:
-    return os.environ.get("MONARCH_RDMA_DEVICE") or None
+    return RdmaSettings.read("rdma_device")
 
 
 def gid_index() -> int:
-    return int(_number("MONARCH_RDMA_GID_INDEX", 0, integer=True))
+    return RdmaSettings.read("rdma_gid_index")

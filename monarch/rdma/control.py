@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 
-from monarch.broker.auth import auth_of
-from monarch.broker.codec import dumps, loads
+from monarch.broker.bodies.codec import dumps, loads
+from monarch.broker.connections.auth import auth_of
 from monarch.core.runtime import Runtime, runtime
 from monarch.rdma.errors import OwnerGoneError
 from monarch.rdma.handle import BufferHandle

@@ -23,7 +23,7 @@ import ctypes
 import sys
 from typing import Any
 
-from monarch.broker.buffers import buffer_address
+from monarch.broker.bodies.buffers import buffer_address
 from monarch.rdma.errors import UnsupportedMemoryError
 
 _HINT = (

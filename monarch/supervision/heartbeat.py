@@ -46,9 +46,9 @@ from typing import Any
 
 from nats.aio.client import Client
 
-from monarch.broker import headers as hdr
-from monarch.broker import subjects
-from monarch.broker.intake import subscribe_ordered
+from monarch.broker.natspy_internals.intake import subscribe_ordered
+from monarch.broker.vocabulary import headers as hdr
+from monarch.broker.vocabulary import subjects
 from monarch.supervision import heavy_imports
 from monarch.supervision.loop_clock import LoopClock
 

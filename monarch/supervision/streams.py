@@ -14,7 +14,12 @@ from nats.aio.client import Client
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
-from monarch.broker.jetstream_setup import NOT_READY, NotPlacedYet, replicas, while_electing
+from monarch.broker.connections.jetstream_setup import (
+    NOT_READY,
+    NotPlacedYet,
+    replicas,
+    while_electing,
+)
 
 log = logging.getLogger(__name__)
 

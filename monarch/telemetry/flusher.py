@@ -28,7 +28,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from monarch.broker import headers as hdr
+from monarch.broker.vocabulary import headers as hdr
 from monarch.telemetry.recorder import Recorder
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ from typing import Any
 
 import msgpack
 
-from monarch.broker import headers as hdr
+from monarch.broker.vocabulary import headers as hdr
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from nats.aio.client import Client
 from nats.js.api import DeliverPolicy, DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
-from monarch.broker import subjects
+from monarch.broker.vocabulary import subjects
 
 log = logging.getLogger(__name__)
 

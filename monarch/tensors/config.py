@@ -1,38 +1,46 @@
 """Settings of the tensor engine, from ``MONARCH_TENSOR_*`` environment variables.
 
-Read when used (procs inherit the client's environment), validated here so a
-bad value fails with a message naming the variable.
+Read when used (procs inherit the client's environment), in the project's
+settings style (:class:`monarch.broker.settings.EnvSettings`: pydantic, field
+``x`` is ``MONARCH_X``), validated so a bad value fails with a message naming
+the variable.
 """
 
 from __future__ import annotations
 
-import os
+from pydantic import Field
+
+from monarch.broker.settings import EnvSettings
 
 
-def _float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
-    if value <= 0:
-        raise ValueError(f"{name}={raw!r} must be > 0")
-    return value
+class TensorSettings(EnvSettings):
+    """The tensor engine's ``MONARCH_TENSOR_*`` variables."""
+
+    tensor_timeout: float = Field(
+        300.0,
+        gt=0,
+        description="Seconds a proc waits for a peer (collectives, rendezvous, tensor "
+        "transfers), and the client for a round trip it needs.",
+    )
+    tensor_host: str | None = Field(
+        None, description="Address other procs use to reach rank 0's rendezvous store."
+    )
+    tensor_backend: str | None = Field(
+        None, description="Override the torch.distributed backend (e.g. gloo)."
+    )
 
 
 def timeout() -> float:
     """Seconds a proc waits for a peer (collectives, rendezvous, tensor transfers), and the
     client for a round trip it needs (``MONARCH_TENSOR_TIMEOUT``, default 300)."""
-    return _float("MONARCH_TENSOR_TIMEOUT", 300.0)
+    return TensorSettings.read("tensor_timeout")
 
 
 def store_host() -> str | None:
     """Address other procs use to reach rank 0's rendezvous store (``MONARCH_TENSOR_HOST``)."""
-    return os.environ.get("MONARCH_TENSOR_HOST") or None
+    return TensorSettings.read("tensor_host")
 
 
 def backend() -> str | None:
     """Override the ``torch.distributed`` backend (``MONARCH_TENSOR_BACKEND``, e.g. ``gloo``)."""
-    return os.environ.get("MONARCH_TENSOR_BACKEND") or None
+    return TensorSettings.read("tensor_backend")

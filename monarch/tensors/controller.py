@@ -39,7 +39,7 @@ from monarch.actors.errors import MeshStoppedError
 from monarch.actors.meshes.mesh_ops import state_of
 from monarch.actors.meshes.shape import Extent, View
 from monarch.actors.procs.proc_mesh import ProcMesh
-from monarch.broker.codec import dumps
+from monarch.broker.bodies.codec import dumps
 from monarch.core.future import Future
 from monarch.tensors import config
 from monarch.tensors.wire import func_spec

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from monarch.actors.hosting.server import local_server
-from monarch.broker.codec import loads
+from monarch.broker.bodies.codec import loads
 from monarch.core.runtime import runtime
 from monarch.tensors import collectives, config, moving, tree
 from monarch.tensors.errors import Poison, RemoteTensorError

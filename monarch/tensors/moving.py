@@ -22,7 +22,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from monarch.actors.meshes.mesh_ops import state_of, view_of
-from monarch.broker import headers as hdr
+from monarch.broker.vocabulary import headers as hdr
 from monarch.core.runtime import Runtime, runtime
 from monarch.rdma.bulk import decode_body, encode_body
 from monarch.tensors import config, tree

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from monarch.actors.meshes.mesh_ops import view_of
-from monarch.broker.ext import register_ext
+from monarch.broker.bodies.ext import register_ext
 
 if TYPE_CHECKING:
     from monarch.actors.procs.proc_mesh import ProcMesh

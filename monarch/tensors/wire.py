@@ -21,7 +21,7 @@ from typing import Any
 import cloudpickle
 import torch
 
-from monarch.broker.ext import register_ext
+from monarch.broker.bodies.ext import register_ext
 
 REF_EXT = 48
 LIT_EXT = 49

@@ -41,7 +41,7 @@ class Echo(Actor):
 
     @endpoint
     def direct_writes(self) -> int:
-        """Messages this proc's threads wrote to the broker themselves (monarch.broker.direct_write)."""
+        """Messages this proc's threads wrote to the broker themselves (monarch.broker.natspy_internals.direct_write)."""
         from monarch.core.runtime import runtime
 
         direct = runtime()._direct_write

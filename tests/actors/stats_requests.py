@@ -10,7 +10,7 @@ from typing import Any
 
 import nats
 
-from monarch.broker.subjects import stats_subject
+from monarch.broker.vocabulary.subjects import stats_subject
 from tests.helpers import run_in_own_loop
 
 

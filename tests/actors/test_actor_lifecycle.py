@@ -137,10 +137,10 @@ import sys
 sys.path.insert(0, sys.argv[1])
 import json
 import users_module
-import monarch.broker.codec, monarch.core.runtime, monarch.supervision.heartbeat
+import monarch.broker.bodies.codec, monarch.core.runtime, monarch.supervision.heartbeat
 from monarch.actors.hosting.proc import release_user_module_globals
 release_user_module_globals()
-print(users_module.RESOURCE, monarch.broker.codec.dumps is not None,
+print(users_module.RESOURCE, monarch.broker.bodies.codec.dumps is not None,
       monarch.core.runtime.Runtime is not None, monarch.supervision.heartbeat.__name__,
       json.dumps is not None)
 """

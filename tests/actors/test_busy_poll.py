@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from monarch.actor import this_host
-from monarch.broker.config import Settings
 from monarch.core.busy_poll import WAIT_HEADER, BusyPoll
 from monarch.core.runtime import LocalMsg
+from monarch.settings import Settings
 from tests.actors.actors_for_tests import Echo
 from tests.helpers import captured_traffic
 

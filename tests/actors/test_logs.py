@@ -115,7 +115,7 @@ def test_identical_lines_from_many_ranks_fold_into_one(procs, printer, capsys):
 def test_stream_to_client_false_keeps_output_on_the_procs(nats_url, capfd, monkeypatch):
     # capfd is active before the procs start, so it also sees what they write themselves;
     # procs forked by the session's zygote would write to the stdout the session began with.
-    from monarch.broker.config import settings
+    from monarch.settings import settings
 
     monkeypatch.setenv("MONARCH_ZYGOTE", "0")
     settings.cache_clear()

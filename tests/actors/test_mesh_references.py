@@ -21,7 +21,7 @@ from monarch.actor import (
     this_host,
     this_proc,
 )
-from monarch.broker.codec import dumps, loads
+from monarch.broker.bodies.codec import dumps, loads
 from tests.actors.ref_actors import Box, FreshProcs, Holder, Hop, Where
 from tests.helpers import pid_alive, proc_mesh_fixture, wait_until
 

@@ -39,7 +39,7 @@ def test_interleaved_point_slice_and_broadcast_messages_arrive_in_send_order(gri
 
 def test_each_threads_calls_and_sends_keep_their_order_when_threads_write_them_themselves(grid):
     """Three script threads interleave broadcasts (through the loop's batch) with calls that
-    they wait on (written by the thread itself when nothing waits, monarch.broker.direct_write),
+    they wait on (written by the thread itself when nothing waits, monarch.broker.natspy_internals.direct_write),
     each to a mesh of its own on the same procs (a thread writes a call itself only while no
     other call to that mesh is unanswered): every rank sees each thread's messages, all of
     them, in the order that thread sent them."""

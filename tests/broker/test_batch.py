@@ -8,8 +8,8 @@ import msgpack
 import pytest
 
 from monarch.actor import this_host
-from monarch.broker import batch
-from monarch.broker.config import Settings
+from monarch.broker.bodies import batch
+from monarch.settings import Settings
 from tests.actors.actors_for_tests import Echo
 from tests.helpers import captured_traffic
 
@@ -71,7 +71,7 @@ def test_a_burst_of_sends_leaves_in_batches_and_arrives_in_order(nats_url):
 def test_headers_stay_strings_even_with_fast_mail_parser_installed(monkeypatch, caplog):
     import nats.aio.client as nats_client
 
-    from monarch.broker.intake import use_plain_header_parser
+    from monarch.broker.natspy_internals.intake import use_plain_header_parser
 
     # What nats-py does with fast_mail_parser present: values become lists.
     monkeypatch.setattr(nats_client, "parse_email", lambda raw: None)

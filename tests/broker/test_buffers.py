@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from monarch.actor import Actor, endpoint, this_host
-from monarch.broker import buffers
-from monarch.broker.buffers import MIN_POOLED, BufferPool
+from monarch.broker.bodies import buffers
+from monarch.broker.bodies.buffers import MIN_POOLED, BufferPool
 
 MiB = 1 << 20
 

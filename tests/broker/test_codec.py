@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from monarch.broker import codec, ext
-from monarch.broker.codec import (
+from monarch.broker.bodies import codec, ext
+from monarch.broker.bodies.codec import (
     CodecError,
     DecodeError,
     EncodeError,
@@ -29,7 +29,7 @@ from monarch.broker.codec import (
     loads,
     register_ext,
 )
-from monarch.broker.config import Settings
+from monarch.settings import Settings
 
 
 def assert_same(a, b):
@@ -510,7 +510,7 @@ def test_importing_and_using_codec_on_plain_data_does_not_import_torch_or_numpy(
     script = textwrap.dedent(
         """
         import sys
-        from monarch.broker.codec import dumps, loads
+        from monarch.broker.bodies.codec import dumps, loads
         value = ((1, 2**80, bytearray(b"x")), {"a": [1.5, None, "s", b"b"]}, {1, 2})
         assert loads(dumps(value)) == value
         print(sorted(m for m in ("torch", "numpy") if m in sys.modules))

@@ -14,8 +14,8 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from monarch.broker import direct_read, write_through
-from monarch.broker.config import settings
+from monarch.broker.natspy_internals import direct_read, write_through
+from monarch.settings import settings
 from tests.helpers import run_in_own_loop
 
 # (module, its setting, the nats-py attribute it replaces on a connection)

@@ -14,11 +14,11 @@ import asyncio
 import nats
 from nats.aio.client import Client
 
-from monarch.broker import direct_read
-from monarch.broker.config import settings
-from monarch.broker.connect import connect
-from monarch.broker.intake import subscribe_ordered
-from monarch.broker.server import EmbeddedBroker, free_port
+from monarch.broker.connections.connect import connect
+from monarch.broker.connections.server import EmbeddedBroker, free_port
+from monarch.broker.natspy_internals import direct_read
+from monarch.broker.natspy_internals.intake import subscribe_ordered
+from monarch.settings import settings
 from tests.helpers import ForwardingProxy, run_in_own_loop, until
 
 

@@ -2,7 +2,7 @@
 
 Each test runs a real nats-server and a connection on its own uvloop thread,
 as a client's runtime has it, with plain threads publishing beside the loop.
-A thread's message goes directly (:mod:`monarch.broker.direct_write`) or,
+A thread's message goes directly (:mod:`monarch.broker.natspy_internals.direct_write`) or,
 when something waits to be written, through the loop; either way every
 message must arrive whole, once, and after the ones its thread sent before.
 """
@@ -18,13 +18,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from monarch.broker import direct_write
-from monarch.broker.config import settings
-from monarch.broker.connect import connect
-from monarch.broker.inline import run_inline
-from monarch.broker.intake import subscribe_ordered
-from monarch.broker.server import EmbeddedBroker, free_port
+from monarch.broker.connections.connect import connect
+from monarch.broker.connections.server import EmbeddedBroker, free_port
+from monarch.broker.natspy_internals import direct_write
+from monarch.broker.natspy_internals.inline import run_inline
+from monarch.broker.natspy_internals.intake import subscribe_ordered
 from monarch.core.runtime import new_event_loop
+from monarch.settings import settings
 from tests.helpers import wait_until
 
 TIMEOUT = 30.0

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from monarch.actor import Actor, ProcMesh, endpoint, this_host
-from monarch.broker import ext
+from monarch.broker.bodies import ext
 
 
 def test_each_home_module_registers_its_code():
@@ -22,13 +22,13 @@ def test_a_fresh_interpreter_decodes_a_proc_mesh_reference_without_importing_its
     nats_url,
 ):
     # Encoded here, decoded in a process that has imported only the codec.
-    from monarch.broker.codec import dumps
+    from monarch.broker.bodies.codec import dumps
 
     procs = this_host().spawn_procs(per_host={"gpus": 1})
     try:
         body = dumps({"mesh": procs})
         code = (
-            "import sys; from monarch.broker.codec import loads; "
+            "import sys; from monarch.broker.bodies.codec import loads; "
             "assert 'monarch.actors.procs.proc_mesh' not in sys.modules; "
             "print(type(loads(sys.stdin.buffer.read())['mesh']).__name__)"
         )

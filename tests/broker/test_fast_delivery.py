@@ -1,7 +1,7 @@
 """Whole frames delivered past nats-py's parser arrive exactly as nats-py would deliver them.
 
 The first test runs nats-py's real parser and client code against
-:func:`monarch.broker.fast_delivery.deliver_chunk` on any byte stream of
+:func:`monarch.broker.natspy_internals.fast_delivery.deliver_chunk` on any byte stream of
 frames (every kind it must hand on: status headers, other subscriptions,
 unknown subscriptions, frames cut anywhere) and compares what each
 subscription received, message by message, and nats-py's counters. The
@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 
-from monarch.broker import direct_read, fast_delivery, intake
-from monarch.broker.config import settings
-from monarch.broker.connect import connect
-from monarch.broker.intake import subscribe_ordered
+from monarch.broker.connections.connect import connect
+from monarch.broker.natspy_internals import direct_read, fast_delivery, intake
+from monarch.broker.natspy_internals.intake import subscribe_ordered
+from monarch.settings import settings
 from tests.helpers import ForwardingProxy, run_in_own_loop, until
 
 ORDERED, OTHER, GONE = (1, 2), 3, 4  # sids: ours, a plain nats-py one, an unsubscribed one
@@ -107,7 +107,7 @@ def test_any_stream_is_delivered_as_nats_pys_parser_delivers_it(batch, cuts, fas
     plain, plain_got = _client()
     fast, fast_got = _client()
     if fast_headers_on:  # the header parser a real connection has (same dictionaries)
-        from monarch.broker.fast_headers import parse_header_lines
+        from monarch.broker.natspy_internals.fast_headers import parse_header_lines
 
         plain._parse_header_lines = fast._parse_header_lines = parse_header_lines
     for chunk in chunks:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from nats import errors
 from nats.aio.client import Client
 
-from monarch.broker import fast_headers
+from monarch.broker.natspy_internals import fast_headers
 from tests.helpers import run_in_own_loop
 
 

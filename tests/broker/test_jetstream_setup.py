@@ -15,9 +15,9 @@ import uuid
 
 import nats
 
-from monarch.broker.cluster import nats_cluster
-from monarch.broker.registry import HOSTS, bucket_name, open_bucket
-from monarch.broker.server import find_nats_server, read_info
+from monarch.broker.connections.cluster import nats_cluster
+from monarch.broker.connections.registry import HOSTS, bucket_name, open_bucket
+from monarch.broker.connections.server import find_nats_server, read_info
 from monarch.supervision.streams import ensure_streams, heartbeat_stream, supervision_stream
 
 

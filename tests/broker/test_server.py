@@ -14,8 +14,8 @@ import threading
 import nats
 import pytest
 
-from monarch.broker.config import settings
-from monarch.broker.server import BrokerError, EmbeddedBroker, find_nats_server
+from monarch.broker.connections.server import BrokerError, EmbeddedBroker, find_nats_server
+from monarch.settings import settings
 from tests.helpers import pid_alive, wait_until
 
 
@@ -136,7 +136,7 @@ def test_server_dies_when_its_parent_is_sigkilled():
     script = textwrap.dedent(
         """
         import sys, time
-        from monarch.broker.server import EmbeddedBroker
+        from monarch.broker.connections.server import EmbeddedBroker
         b = EmbeddedBroker().start()
         print(b.pid, b.store_dir, flush=True)
         time.sleep(120)
@@ -180,7 +180,7 @@ def test_explicit_port_held_by_another_server_is_an_error_not_a_false_start():
 
 def test_start_embedded_broker_is_stopped_at_interpreter_exit():
     script = (
-        "from monarch.broker.server import start_embedded_broker\n"
+        "from monarch.broker.connections.server import start_embedded_broker\n"
         "b = start_embedded_broker()\n"
         "print(b.pid, b.store_dir)\n"
     )

@@ -1,7 +1,7 @@
 """The plain publish sends what nats-py's publish sends, or steps aside for it.
 
 Each test runs a real nats-server. A message published by
-:func:`monarch.broker.sync_publish.publisher` must leave as the same bytes,
+:func:`monarch.broker.natspy_internals.sync_publish.publisher` must leave as the same bytes,
 with the same counters and (where the job has a key) a tag the receiver
 accepts; whatever nats-py would refuse or make wait must be left to nats-py,
 untouched, so that its own precise error or back-pressure applies; and mixing
@@ -20,11 +20,11 @@ import pytest
 from nats import errors
 from nats.aio.client import Client
 
-from monarch.broker import sync_publish, write_through
-from monarch.broker.config import Settings, settings
-from monarch.broker.connect import connect
-from monarch.broker.intake import subscribe_ordered
-from monarch.broker.server import EmbeddedBroker
+from monarch.broker.connections.connect import connect
+from monarch.broker.connections.server import EmbeddedBroker
+from monarch.broker.natspy_internals import sync_publish, write_through
+from monarch.broker.natspy_internals.intake import subscribe_ordered
+from monarch.settings import Settings, settings
 from tests.helpers import run_in_own_loop, until
 
 # (subject, payload, reply, headers): what the runtime sends, and header values

@@ -12,8 +12,8 @@ import sys
 import nats
 
 from monarch.actor import attach_to_workers
-from monarch.broker.registry import PROCS, open_bucket
-from monarch.broker.server import free_port
+from monarch.broker.connections.registry import PROCS, open_bucket
+from monarch.broker.connections.server import free_port
 from monarch.cli.tail import decode_body
 from tests.helpers import wait_until
 from tests.hosts.agents import ROOT, _readline, start_agent, unique_label
@@ -128,7 +128,7 @@ def test_tail_prints_subjects_headers_and_decoded_bodies(nats_url):
 
 
 def test_bodies_decode_to_text_without_unpickling():
-    from monarch.broker.codec import dumps
+    from monarch.broker.bodies.codec import dumps
 
     class Local:
         pass
@@ -141,8 +141,8 @@ def test_bodies_decode_to_text_without_unpickling():
 
 
 def test_tail_shows_each_message_inside_a_batch():
-    from monarch.broker import batch
-    from monarch.broker.codec import dumps
+    from monarch.broker.bodies import batch
+    from monarch.broker.bodies.codec import dumps
     from monarch.cli.tail import format_msg
 
     class Raw:

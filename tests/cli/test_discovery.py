@@ -25,9 +25,9 @@ from pathlib import Path
 import nats
 import pytest
 
-from monarch.broker.job_records import default_stem
-from monarch.broker.ownership import process_identity
-from monarch.broker.server import EmbeddedBroker
+from monarch.broker.connections.job_records import default_stem
+from monarch.broker.connections.ownership import process_identity
+from monarch.broker.connections.server import EmbeddedBroker
 from tests.hosts.agents import ROOT, _readline
 
 JOB_SCRIPT = textwrap.dedent(

@@ -172,7 +172,7 @@ def test_top_says_job_ended_and_exits(nats_url):
 
 
 def test_top_with_no_broker_there_is_a_clear_error(nats_url):
-    from monarch.broker.server import free_port
+    from monarch.broker.connections.server import free_port
 
     env = watch_env(f"nats://127.0.0.1:{free_port()}", "nobroker")
     for extra in ([], ["--once"]):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from monarch.actors.calls.ports import Port
-from monarch.broker.codec import DecodeError, PicklingForbiddenError, dumps, loads
+from monarch.broker.bodies.codec import DecodeError, PicklingForbiddenError, dumps, loads
 from tests.helpers import captured_traffic
 from tests.hosts.agents import ROOT
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from monarch.broker.server import free_port
+from monarch.broker.connections.server import free_port
 from tests.deploy import compose_images as ci
 
 ROOT = ci.ROOT

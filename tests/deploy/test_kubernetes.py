@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from monarch.broker.server import find_nats_server, free_port
+from monarch.broker.connections.server import find_nats_server, free_port
 
 kv = pytest.importorskip(
     "kubernetes_validate", reason="kubernetes-validate is in the test extra: pip install -e .[test]"

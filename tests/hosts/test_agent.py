@@ -9,8 +9,8 @@ import nats
 import pytest
 
 from monarch.actors.messaging import messages as m
-from monarch.broker.codec import dumps, loads
-from monarch.broker.registry import HeartbeatSeen, list_hosts
+from monarch.broker.bodies.codec import dumps, loads
+from monarch.broker.connections.registry import HeartbeatSeen, list_hosts
 from monarch.hosts.protocol import PING, SPAWN, visible_device
 from monarch.supervision.streams import heartbeat_stream
 from tests.helpers import signal_storm

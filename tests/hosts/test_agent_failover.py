@@ -15,7 +15,7 @@ import sys
 import textwrap
 import urllib.request
 
-from monarch.broker.cluster import Node, nats_cluster
+from monarch.broker.connections.cluster import Node, nats_cluster
 from tests.helpers import wait_until
 from tests.hosts.agents import ROOT, start_agent, unique_label
 

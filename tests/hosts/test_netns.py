@@ -15,7 +15,7 @@ import os
 import pytest
 
 from monarch.actor import SupervisionError, attach_to_workers
-from monarch.broker.server import EmbeddedBroker
+from monarch.broker.connections.server import EmbeddedBroker
 from tests.helpers import wait_until
 from tests.hosts.agents import start_agent, unique_label
 from tests.hosts.host_actors import Where
@@ -25,8 +25,8 @@ from tests.hosts.netns import Lab, unavailable
 @contextlib.contextmanager
 def client_runtime_on(url: str):
     """This process's client runtime, connected to ``url`` for the duration (then as before)."""
-    from monarch.broker.config import settings
     from monarch.core.runtime import shutdown_runtime
+    from monarch.settings import settings
 
     saved = os.environ.get("MONARCH_NATS_URL")
     shutdown_runtime()

@@ -9,7 +9,7 @@ import pickle
 import pytest
 import torch
 
-from monarch.broker.codec import dumps, loads
+from monarch.broker.bodies.codec import dumps, loads
 from monarch.rdma import (
     BufferDroppedError,
     RDMABuffer,

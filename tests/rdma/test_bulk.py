@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from monarch.broker.codec import dumps, loads
+from monarch.broker.bodies.codec import dumps, loads
 from monarch.core.runtime import runtime
 from monarch.rdma import BufferDroppedError, bulk
 from monarch.rdma.owner import current_owner, local_owner
@@ -34,7 +34,7 @@ def test_reference_prefix_cannot_start_any_other_body(nats_url):
 
 
 def test_references_stay_msgpack_when_the_wire_is_json(nats_url, monkeypatch):
-    from monarch.broker.config import settings
+    from monarch.settings import settings
 
     monkeypatch.setenv("MONARCH_WIRE", "json")
     settings.cache_clear()

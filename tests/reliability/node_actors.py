@@ -9,7 +9,7 @@ import time
 from monarch.actor import Actor, context, endpoint
 from monarch.actors.hosting.server import local_server
 from monarch.actors.process_state import actor_process
-from monarch.broker import subjects
+from monarch.broker.vocabulary import subjects
 from monarch.core.runtime import runtime
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from monarch.broker.config import Settings
-from monarch.broker.connect import BrokerConnectionError, connect, redact
-from monarch.broker.server import EmbeddedBroker
+from monarch.broker.connections.connect import BrokerConnectionError, connect, redact
+from monarch.broker.connections.server import EmbeddedBroker
+from monarch.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -150,7 +150,7 @@ def test_namespace_accounts_fence_jobs_from_each_other():
 
 
 def test_pickle_forbidden_at_the_receiver_too():
-    from monarch.broker.codec import DecodeError, dumps, loads
+    from monarch.broker.bodies.codec import DecodeError, dumps, loads
 
     body = dumps({1, 2}, allow_pickle=True)
     with pytest.raises(DecodeError, match="pickle"):
@@ -185,7 +185,7 @@ def test_tls_broker_needs_the_right_ca(tmp_path):
 
         async def ok():
             nc = await connect(url, Settings(nats_tls_ca=str(ca)), name="t")
-            # a thread never writes to a TLS socket itself (monarch.broker.direct_write)
+            # a thread never writes to a TLS socket itself (monarch.broker.natspy_internals.direct_write)
             assert getattr(nc, "_monarch_direct_write", None) is None
             await nc.publish("mon.tls.check", b"x")
             await nc.flush()

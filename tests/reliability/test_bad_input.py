@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from monarch.actor import this_host
-from monarch.broker import subjects
-from monarch.broker.codec import dumps
+from monarch.broker.bodies.codec import dumps
+from monarch.broker.vocabulary import subjects
 from tests.actors.actors_for_tests import Echo
 
 GOOD = dumps(((1,), {}, None))

@@ -26,7 +26,7 @@ def test_broker_restart_under_a_running_job(tmp_path):
         tmp_path,
         f"""
         import os, threading, time
-        from monarch.broker.server import EmbeddedBroker, free_port
+        from monarch.broker.connections.server import EmbeddedBroker, free_port
         port = free_port()
         store = {str(tmp_path / "store")!r}
         broker = EmbeddedBroker(port=port, store_dir=store).start()
@@ -90,7 +90,7 @@ def test_broker_that_never_comes_back_fails_the_job_clearly(tmp_path):
         tmp_path,
         """
         import os, time
-        from monarch.broker.server import EmbeddedBroker
+        from monarch.broker.connections.server import EmbeddedBroker
         broker = EmbeddedBroker().start()
         os.environ["MONARCH_NATS_URL"] = broker.url
         from monarch.actor import this_host

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 CLIENT = """
     import collections, json, os, threading, time
-    from monarch.broker.server import EmbeddedBroker, free_port
+    from monarch.broker.connections.server import EmbeddedBroker, free_port
     port = free_port()
     store = os.environ["TEST_STORE"]
     broker = EmbeddedBroker(port=port, store_dir=store).start()

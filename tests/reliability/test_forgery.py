@@ -36,9 +36,10 @@ import pytest
 
 from monarch.actor import Actor, current_rank, endpoint, this_host
 from monarch.actors.calls.gather import Gather
-from monarch.broker import auth, subjects
-from monarch.broker.codec import dumps
-from monarch.broker.server import EmbeddedBroker
+from monarch.broker.bodies.codec import dumps
+from monarch.broker.connections import auth
+from monarch.broker.connections.server import EmbeddedBroker
+from monarch.broker.vocabulary import subjects
 from monarch.supervision.failure import MeshFailure
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -171,7 +172,7 @@ import monarch.actor
 from monarch.actor import this_host
 from monarch.actors.calls.gather import Gather
 from monarch.core.runtime import runtime
-from monarch.broker import auth
+from monarch.broker.connections import auth
 from tests.reliability.test_forgery import Holder
 
 faults = []
@@ -579,7 +580,7 @@ SMALL_JOB = """
 import json, os
 from monarch.actor import this_host
 from monarch.core.runtime import runtime
-from monarch.broker import auth
+from monarch.broker.connections import auth
 from tests.reliability.test_forgery import Holder
 pm = this_host().spawn_procs(per_host={"gpus": 2})
 mesh = pm.spawn("w", Holder)
@@ -642,9 +643,9 @@ def test_only_a_broker_without_credentials_counts_as_open(open_broker):
 
 
 def test_a_keyed_connection_signs_and_still_hears_the_servers_no_responders(open_broker):
-    from monarch.broker.config import Settings
-    from monarch.broker.connect import connect
-    from monarch.broker.intake import subscribe_ordered
+    from monarch.broker.connections.connect import connect
+    from monarch.broker.natspy_internals.intake import subscribe_ordered
+    from monarch.settings import Settings
 
     key = secrets.token_urlsafe(24)
 

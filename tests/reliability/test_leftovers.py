@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from monarch.broker.server import _process_identity, remove_stale_store_dirs
+from monarch.broker.connections.server import _process_identity, remove_stale_store_dirs
 from tests.helpers import descendants, pid_alive, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

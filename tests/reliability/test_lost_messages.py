@@ -24,8 +24,8 @@ from monarch.actors.messaging import lost_replies
 from monarch.actors.messaging import messages as m
 from monarch.actors.messaging.lost_sends import SENT
 from monarch.actors.process_state import actor_process
-from monarch.broker import subjects
-from monarch.broker.codec import dumps, loads
+from monarch.broker.bodies.codec import dumps, loads
+from monarch.broker.vocabulary import subjects
 from monarch.core.runtime import runtime
 from tests.reliability.node_actors import Counter
 

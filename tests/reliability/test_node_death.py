@@ -16,7 +16,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from monarch.broker.cluster import nats_cluster
+from monarch.broker.connections.cluster import nats_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 

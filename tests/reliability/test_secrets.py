@@ -22,7 +22,7 @@ from pathlib import Path
 
 import nats
 
-from monarch.broker.server import EmbeddedBroker
+from monarch.broker.connections.server import EmbeddedBroker
 from tests.helpers import descendants
 
 ROOT = Path(__file__).resolve().parents[2]

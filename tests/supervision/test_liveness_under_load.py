@@ -22,10 +22,10 @@ import textwrap
 import time
 from pathlib import Path
 
-from monarch.broker import subjects
-from monarch.broker.config import settings
-from monarch.broker.connect import connect
-from monarch.broker.intake import subscribe_ordered
+from monarch.broker.connections.connect import connect
+from monarch.broker.natspy_internals.intake import subscribe_ordered
+from monarch.broker.vocabulary import subjects
+from monarch.settings import settings
 from monarch.supervision import watcher as watcher_module
 from monarch.supervision.heartbeat import QUIET, STALL, Heartbeater
 from monarch.supervision.watcher import Watcher

@@ -10,7 +10,7 @@ import json
 import nats
 import pytest
 
-from monarch.broker.config import Settings
+from monarch.settings import Settings
 from monarch.telemetry.stream import telemetry_stream
 from tests.telemetry.jobs import monarch, new_namespace, run_job
 

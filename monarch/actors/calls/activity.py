@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from monarch.broker.headers import TRACE
+from monarch.broker.vocabulary.headers import TRACE
 
 BUCKETS = 32
 BUCKET_BOUNDS_US: list[float] = [float(2**i) for i in range(BUCKETS - 1)] + [float("inf")]

@@ -37,10 +37,10 @@ from monarch.actors.messaging import messages as m
 from monarch.actors.messaging.flow import FLOW_ENDPOINT, FlowControl, flow_settings
 from monarch.actors.messaging.rpc import request_all
 from monarch.actors.process_state import actor_process
-from monarch.broker import subjects
-from monarch.broker.codec import dumps
-from monarch.broker.ext import register_ext
-from monarch.broker.headers import TRACE
+from monarch.broker.bodies.codec import dumps
+from monarch.broker.bodies.ext import register_ext
+from monarch.broker.vocabulary import subjects
+from monarch.broker.vocabulary.headers import TRACE
 from monarch.core.future import Future
 from monarch.core.runtime import LocalMsg, Runtime, runtime
 from monarch.rdma.bulk import encode_body

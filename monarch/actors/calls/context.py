@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from monarch import settings as config
 from monarch.actors.meshes.shape import Extent, Point
-from monarch.broker import config
 from monarch.core.runtime import current_runtime_or_none
 
 # this_proc(), handed in by monarch.actors.procs.proc_mesh (which builds on this module).

@@ -46,7 +46,7 @@ class Gather:
     innocent). An endpoint that answers through an explicit response port may
     hand that port on, so there (and for ad hoc endpoints, whose kind is not
     known here) only the rank is checked. On an open broker a forger can still
-    copy the right ``Mon-From``; a job key (:mod:`monarch.broker.auth`) stops
+    copy the right ``Mon-From``; a job key (:mod:`monarch.broker.connections.auth`) stops
     that.
     """
 

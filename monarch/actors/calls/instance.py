@@ -49,9 +49,9 @@ from monarch.actors.messaging import messages as m
 from monarch.actors.messaging.flow import FLOW_ENDPOINT
 from monarch.actors.messaging.lost_sends import SequenceCheck
 from monarch.actors.process_state import actor_process
-from monarch.broker import headers as hdr
-from monarch.broker import subjects
-from monarch.broker.codec import CodecError, dumps
+from monarch.broker.bodies.codec import CodecError, dumps
+from monarch.broker.vocabulary import headers as hdr
+from monarch.broker.vocabulary import subjects
 from monarch.core.runtime import Runtime
 from monarch.rdma.bulk import decode_body, fetch_async, offload, stays_inline
 from monarch.supervision.failure import MeshFailure, SupervisionFailure

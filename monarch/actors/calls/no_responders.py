@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 from monarch.actors.errors import NoActorError
 from monarch.actors.messaging import messages as m
 from monarch.actors.process_state import actor_process
-from monarch.broker import subjects
-from monarch.broker.codec import dumps
+from monarch.broker.bodies.codec import dumps
+from monarch.broker.vocabulary import subjects
 
 if TYPE_CHECKING:
     from monarch.actors.calls.gather import Gather

@@ -18,7 +18,7 @@ from monarch.actors.errors import ActorError
 from monarch.actors.messaging import messages as m
 from monarch.actors.messaging.port_flow import OVERHEAD, PortFlow, PortFlows
 from monarch.actors.process_state import actor_process
-from monarch.broker.ext import register_ext
+from monarch.broker.bodies.ext import register_ext
 from monarch.core.future import Future
 from monarch.core.runtime import LocalMsg, Runtime, runtime
 from monarch.rdma.bulk import encode_body, fetch_async, is_reference, offload

@@ -34,9 +34,9 @@ from typing import Any
 
 from monarch.actors.calls.context import Instance, context
 from monarch.actors.messaging import messages as m
-from monarch.broker import headers as hdr
-from monarch.broker import subjects
-from monarch.broker.codec import dumps
+from monarch.broker.bodies.codec import dumps
+from monarch.broker.vocabulary import headers as hdr
+from monarch.broker.vocabulary import subjects
 from monarch.core.runtime import Runtime
 
 log = logging.getLogger(__name__)

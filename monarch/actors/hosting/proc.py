@@ -32,10 +32,10 @@ from monarch.actors.hosting.supervisor import start_supervision
 from monarch.actors.hosting.telemetry import start_telemetry
 from monarch.actors.messaging import messages as m
 from monarch.actors.messaging.loss_recovery import start_loss_recovery
-from monarch.broker.codec import dumps
-from monarch.broker.config import settings
+from monarch.broker.bodies.codec import dumps
 from monarch.core.proc_registry import register_proc
 from monarch.core.runtime import Runtime, install_runtime, new_event_loop
+from monarch.settings import settings
 
 log = logging.getLogger("monarch.proc")
 

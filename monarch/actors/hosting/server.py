@@ -24,8 +24,8 @@ from monarch.actors.hosting.log_forwarding import apply_mode
 from monarch.actors.meshes.shape import Extent
 from monarch.actors.messaging import messages as m
 from monarch.actors.process_state import actor_process
-from monarch.broker import subjects
-from monarch.broker.codec import dumps, loads
+from monarch.broker.bodies.codec import dumps, loads
+from monarch.broker.vocabulary import subjects
 from monarch.core.runtime import Runtime
 from monarch.rdma.bulk import decode_body_async
 

@@ -1,7 +1,7 @@
 """A process's answer to ``monarch stacks``: the Python stack of every one of its threads.
 
 Each process with actors answers requests on
-``mon.<ns>.ctl.stacks.<proc uid>`` (:func:`monarch.broker.subjects.stacks_subject`)
+``mon.<ns>.ctl.stacks.<proc uid>`` (:func:`monarch.broker.vocabulary.subjects.stacks_subject`)
 from its side channel, the heartbeat thread (see
 :meth:`monarch.supervision.heartbeat.Heartbeater.publish`): a proc whose
 event loop is blocked, or whose actor thread waits forever, still answers.
@@ -37,8 +37,8 @@ from typing import Any
 from monarch.actors.calls import activity
 from monarch.actors.hosting.stats import process_figures
 from monarch.actors.process_state import actor_process
-from monarch.broker import headers as hdr
-from monarch.broker.subjects import stacks_subject
+from monarch.broker.vocabulary import headers as hdr
+from monarch.broker.vocabulary.subjects import stacks_subject
 from monarch.core.proc_registry import proc_entry
 from monarch.core.runtime import Runtime
 

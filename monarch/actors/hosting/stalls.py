@@ -29,8 +29,8 @@ from typing import Any
 
 from monarch.actors.calls import activity
 from monarch.actors.process_state import actor_process
-from monarch.broker import headers as hdr
-from monarch.broker import subjects
+from monarch.broker.vocabulary import headers as hdr
+from monarch.broker.vocabulary import subjects
 from monarch.core.runtime import Runtime
 
 log = logging.getLogger("monarch.stalls")

@@ -52,8 +52,8 @@ from typing import Any
 
 from monarch.actors.calls import activity
 from monarch.actors.process_state import actor_process
-from monarch.broker import headers as hdr
-from monarch.broker.subjects import stats_subject
+from monarch.broker.vocabulary import headers as hdr
+from monarch.broker.vocabulary.subjects import stats_subject
 from monarch.core.proc_registry import proc_entry
 from monarch.core.runtime import Runtime
 

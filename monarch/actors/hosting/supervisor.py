@@ -35,10 +35,10 @@ from monarch.actors.errors import (
 )
 from monarch.actors.meshes.shape import Point
 from monarch.actors.process_state import actor_process
-from monarch.broker import headers as hdr
-from monarch.broker import subjects
-from monarch.broker.codec import dumps, loads
-from monarch.broker.connect import connect
+from monarch.broker.bodies.codec import dumps, loads
+from monarch.broker.connections.connect import connect
+from monarch.broker.vocabulary import headers as hdr
+from monarch.broker.vocabulary import subjects
 from monarch.core.runtime import Runtime
 from monarch.supervision.failure import MeshFailure, SupervisionFailure
 from monarch.supervision.heartbeat import Heartbeater

@@ -25,8 +25,8 @@ import time
 from typing import Any
 
 from monarch.actors.calls.activity import FLOW_MARKER, call_listeners
-from monarch.broker import subjects
-from monarch.broker.connect import connect
+from monarch.broker.connections.connect import connect
+from monarch.broker.vocabulary import subjects
 from monarch.core.runtime import Runtime
 from monarch.telemetry import recorder as tel
 from monarch.telemetry.flusher import Flusher

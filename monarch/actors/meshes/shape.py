@@ -14,7 +14,7 @@ import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 
-from monarch.broker.subjects import WILDCARD
+from monarch.broker.vocabulary.subjects import WILDCARD
 
 
 class Extent(Mapping[str, int]):

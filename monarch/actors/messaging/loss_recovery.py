@@ -15,7 +15,7 @@ from nats.aio.msg import Msg
 from monarch.actors.messaging.lost_replies import CallProber, ReplyLedger
 from monarch.actors.messaging.lost_sends import SendCounter
 from monarch.actors.process_state import ActorProcess, actor_process
-from monarch.broker.codec import loads
+from monarch.broker.bodies.codec import loads
 from monarch.core.runtime import Runtime
 
 log = logging.getLogger(__name__)

@@ -53,8 +53,8 @@ from typing import Any
 from monarch.actors.errors import MessageLostError
 from monarch.actors.messaging import messages as m
 from monarch.actors.process_state import actor_process
-from monarch.broker import subjects
-from monarch.broker.codec import dumps, loads
+from monarch.broker.bodies.codec import dumps, loads
+from monarch.broker.vocabulary import subjects
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ import logging
 from typing import Any
 
 from monarch.actors.messaging import messages as m
-from monarch.broker import headers as hdr
+from monarch.broker.vocabulary import headers as hdr
 
 log = logging.getLogger(__name__)
 

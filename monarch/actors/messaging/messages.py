@@ -1,7 +1,7 @@
 """The actor protocol on the wire: the headers it uses, message kinds and bodies.
 
-Every header is declared in :mod:`monarch.broker.headers`; these are the
-actor protocol's (bodies are encoded by :mod:`monarch.broker.codec`):
+Every header is declared in :mod:`monarch.broker.vocabulary.headers`; these are the
+actor protocol's (bodies are encoded by :mod:`monarch.broker.bodies.codec`):
 
 ========================  ==============================================
 ``Mon-Kind``              ``call`` (wants replies), ``send`` (no reply),
@@ -29,8 +29,8 @@ import traceback as tb
 from typing import Any
 
 from monarch.actors.errors import ActorError, RemoteException
-from monarch.broker.codec import CodecError, dumps, loads
-from monarch.broker.headers import ENDPOINT, FROM, KIND, MSG_RANK, RANK, SEQ, WAIT
+from monarch.broker.bodies.codec import CodecError, dumps, loads
+from monarch.broker.vocabulary.headers import ENDPOINT, FROM, KIND, MSG_RANK, RANK, SEQ, WAIT
 from monarch.core.runtime import LocalMsg
 from monarch.rdma.bulk import decode_body
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from monarch.actors.messaging.flow import FlowControl, flow_settings
-from monarch.broker import subjects
+from monarch.broker.vocabulary import subjects
 from monarch.core.runtime import FLOW_PORT, Runtime
 
 OVERHEAD = 256  # bytes a port message takes at nats-server beyond its body, about

@@ -22,9 +22,9 @@ from monarch.actors.meshes.shape import Extent, View
 from monarch.actors.messaging import messages as m
 from monarch.actors.procs.control_wait import ControlWait
 from monarch.actors.procs.proc_mesh import this_proc
-from monarch.broker import subjects
-from monarch.broker.codec import dumps, loads
-from monarch.broker.jetstream_setup import replicas
+from monarch.broker.bodies.codec import dumps, loads
+from monarch.broker.connections.jetstream_setup import replicas
+from monarch.broker.vocabulary import subjects
 from monarch.core.future import Future
 from monarch.core.runtime import Runtime, runtime
 

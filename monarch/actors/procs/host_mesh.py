@@ -40,14 +40,14 @@ from monarch.actors.procs.launcher import (
     proc_env,
 )
 from monarch.actors.procs.proc_mesh import ProcMesh, ProcMeshState, owned_by_caller, set_this_host
-from monarch.broker import subjects
-from monarch.broker._pdeathsig import child_dies_with_parent
-from monarch.broker.config import settings
-from monarch.broker.ext import register_ext
-from monarch.broker.registry import HostInfo
+from monarch.broker.bodies.ext import register_ext
+from monarch.broker.connections._pdeathsig import child_dies_with_parent
+from monarch.broker.connections.registry import HostInfo
+from monarch.broker.vocabulary import subjects
 from monarch.core.future import Future
 from monarch.core.runtime import runtime
 from monarch.rdma.bulk import encode_body
+from monarch.settings import settings
 
 _PYTHON_ENV = "MONARCH_PROC_PYTHON"  # procs started with_python_executable start theirs so too
 

@@ -1,7 +1,7 @@
 """Starting and reaping the OS processes of a proc mesh on this machine.
 
 Processes are started from one long-lived launcher thread so the kernel's
-parent-death signal (see :mod:`monarch.broker._pdeathsig`) stays armed for
+parent-death signal (see :mod:`monarch.broker.connections._pdeathsig`) stays armed for
 their whole life: if the client is SIGKILLed its procs die with it. Each
 process gets a reaper thread blocked in ``wait()``, so an exit is reported to
 the owner the moment it happens rather than at the next poll.
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from monarch.actors.meshes.shape import Extent
-from monarch.broker._pdeathsig import child_dies_with_parent
-from monarch.broker.config import settings
+from monarch.broker.connections._pdeathsig import child_dies_with_parent
 from monarch.core.runtime import current_runtime_or_none
+from monarch.settings import settings
 
 T = TypeVar("T")
 

@@ -27,8 +27,8 @@ from nats.aio.msg import Msg
 from monarch.actors.hosting.log_forwarding import STREAM
 from monarch.actors.messaging import messages as m
 from monarch.actors.messaging.rpc import request_all
-from monarch.broker import subjects
-from monarch.broker.codec import dumps, loads
+from monarch.broker.bodies.codec import dumps, loads
+from monarch.broker.vocabulary import subjects
 from monarch.core.runtime import Runtime
 
 log = logging.getLogger(__name__)

@@ -48,9 +48,9 @@ from monarch.actors.procs import mesh_table
 from monarch.actors.procs.control_wait import ControlWait
 from monarch.actors.procs.launcher import Launcher, ProcHandle
 from monarch.actors.procs.log_collection import LogCollector, LogMode
-from monarch.broker import subjects
-from monarch.broker.codec import PicklingForbiddenError
-from monarch.broker.ext import register_ext
+from monarch.broker.bodies.codec import PicklingForbiddenError
+from monarch.broker.bodies.ext import register_ext
+from monarch.broker.vocabulary import subjects
 from monarch.core.future import Future
 from monarch.core.runtime import Runtime, runtime
 from monarch.rdma.bulk import encode_body

@@ -49,8 +49,8 @@ import signal
 import sys
 from typing import Any
 
-from monarch.broker._pdeathsig import child_dies_with_parent
-from monarch.broker.config import settings
+from monarch.broker.connections._pdeathsig import child_dies_with_parent
+from monarch.settings import settings
 
 PRELOAD_WHEN_IDLE = 0.3  # seconds without requests: a burst of forks for one mesh is over
 TORCH_ZYGOTE_NAME = "zygote-torch"  # the torch zygote's process name (/proc/<pid>/comm)

@@ -410,10 +410,11 @@ def model_for(args: Any, command: str) -> tuple[WatchModel, Any] | int:
     An exit code instead when the arguments are wrong (said on stderr)."""
     import sys
 
-    # Imported when a watching command runs, so that `monarch --help` stays fast.
-    from monarch.broker.config import settings
     from monarch.cli.main import broker_url
     from monarch.hosts.connect import connect
+
+    # Imported when a watching command runs, so that `monarch --help` stays fast.
+    from monarch.settings import settings
 
     url, ns = broker_url(args), settings().namespace
     if args.interval <= 0:

@@ -21,8 +21,8 @@ from typing import Any
 
 from nats.aio.client import Client
 
-from monarch.broker.registry import HeartbeatSeen, list_hosts, list_procs
-from monarch.broker.subjects import ps_subject, stats_subject
+from monarch.broker.connections.registry import HeartbeatSeen, list_hosts, list_procs
+from monarch.broker.vocabulary.subjects import ps_subject, stats_subject
 from monarch.cli.watch.model import Poll, WatchModel
 
 

@@ -4,7 +4,7 @@ A body is msgpack: fast for the small control messages that dominate traffic
 and readable by any msgpack tool. msgpack alone would turn tuples into lists
 and drop subclasses, so what it cannot carry exactly uses extension types
 (codes 1..15 are the codec's, 16..127 are for types registered in
-:mod:`monarch.broker.ext`, the registry this codec shares with the JSON mode):
+:mod:`monarch.broker.bodies.ext`, the registry this codec shares with the JSON mode):
 
 * **Marker arrays** (tuple, ndarray, tensor, bytearray, registered types): an
   array whose first item is an empty ext of the type's code, followed by the
@@ -34,16 +34,16 @@ from typing import Any
 import cloudpickle
 from msgpack import ExtType, Packer, unpackb
 
-from monarch.broker import buffers, ext, json_wire
-from monarch.broker.config import settings
-from monarch.broker.ext import (
+from monarch.broker.bodies import buffers, ext, json_wire
+from monarch.broker.bodies.ext import (
     CodecError,
     DecodeError,
     EncodeError,
     PicklingForbiddenError,
     register_ext,
 )
-from monarch.broker.ext import type_name as _type_name
+from monarch.broker.bodies.ext import type_name as _type_name
+from monarch.broker.settings import settings
 
 __all__ = ["CodecError", "DecodeError", "EncodeError", "PicklingForbiddenError"]
 __all__ += ["dumps", "loads", "register_ext"]
@@ -193,7 +193,7 @@ class _Encoder:
                 f"cannot send a {_type_name(obj)}: it needs pickle, which is off (MONARCH_PICKLE=0"
                 " or allow_pickle=False). Set MONARCH_PICKLE=1, or send only None, bool, int,"
                 " float, str, bytes, bytearray, list, tuple, dict, torch tensors, numpy arrays"
-                " and types registered with monarch.broker.ext.register_ext."
+                " and types registered with monarch.broker.bodies.ext.register_ext."
             )
         try:
             return ExtType(_PICKLE, cloudpickle.dumps(obj, protocol=5))
@@ -239,7 +239,7 @@ def dumps(
     Tensors come back detached and on CPU; tensors and numpy arrays travel
     bit-exactly without pickle. ``allow_pickle=None`` means ``MONARCH_PICKLE``;
     ``wire=None`` means ``MONARCH_WIRE`` (``"json"``: readable JSON, see
-    :mod:`monarch.broker.json_wire`; bodies that must stay msgpack pass ``"msgpack"``).
+    :mod:`monarch.broker.bodies.json_wire`; bodies that must stay msgpack pass ``"msgpack"``).
     Raises PicklingForbiddenError if the value needs pickle and pickle is off,
     EncodeError if it cannot be encoded at all. Thread-safe. ``big_out=True``
     lets a body carrying 1 MiB or more of raw buffers come back as a memoryview

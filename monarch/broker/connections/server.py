@@ -30,12 +30,12 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from monarch.broker._pdeathsig import child_dies_with_parent
-from monarch.broker.config import settings
-from monarch.broker.ownership import NOFOLLOW as _NOFOLLOW
-from monarch.broker.ownership import owner_gone as _owner_gone
-from monarch.broker.ownership import process_identity as _process_identity
-from monarch.broker.ownership import write_private as _write_private
+from monarch.broker.connections._pdeathsig import child_dies_with_parent
+from monarch.broker.connections.ownership import NOFOLLOW as _NOFOLLOW
+from monarch.broker.connections.ownership import owner_gone as _owner_gone
+from monarch.broker.connections.ownership import process_identity as _process_identity
+from monarch.broker.connections.ownership import write_private as _write_private
+from monarch.broker.settings import settings
 
 _EXE = "nats-server.exe" if sys.platform == "win32" else "nats-server"
 _LOG_NAME = "nats-server.log"

@@ -9,7 +9,7 @@ starts through their environment), :func:`secure` makes a connection
 * sign: every publish to a ``mon.`` subject gets a ``Mon-Auth`` header,
   HMAC-SHA256 (truncated to 128 bits) over the subject, the reply subject,
   the ``Mon-*`` headers sorted by name and the body;
-* verify: :func:`monarch.broker.intake.subscribe_ordered`, the one door every
+* verify: :func:`monarch.broker.natspy_internals.intake.subscribe_ordered`, the one door every
   message of our subscriptions comes in by, asks :meth:`MessageAuth.accepts`
   first; a message without a valid tag is dropped, counted in
   :func:`dropped` and reported by a rate-limited warning.
@@ -40,8 +40,8 @@ from typing import Any
 
 from nats.aio.client import Client
 
-from monarch.broker import headers as hdr
-from monarch.broker.config import Settings
+from monarch.broker.settings import BrokerSettings
+from monarch.broker.vocabulary import headers as hdr
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ _generated: str | None = None
 _key_lock = threading.Lock()
 
 
-def job_key(cfg: Settings) -> str | None:
+def job_key(cfg: BrokerSettings) -> str | None:
     """This process's job key: ``MONARCH_NATS_JOB_KEY``, or one made here for ``MONARCH_AUTH=1``.
 
     A key made here is put into this process's environment, so every proc it
@@ -184,7 +184,7 @@ _warned = False
 _warn_lock = threading.Lock()
 
 
-def secure(nc: Client, cfg: Settings) -> MessageAuth | None:
+def secure(nc: Client, cfg: BrokerSettings) -> MessageAuth | None:
     """Make ``nc`` sign what it publishes (if the job has a key); warn about an open broker.
 
     Idempotent: the first call decides for the connection. Returns the

@@ -16,7 +16,7 @@ keys, so those become one-key objects tagged with ``$``:
 
 A JSON body always ends with a newline, which makes it at least two bytes
 long and starting below 0x80; no msgpack body does both (a msgpack value
-that starts below 0x80 is a one-byte integer), so :func:`monarch.broker.codec.loads`
+that starts below 0x80 is a one-byte integer), so :func:`monarch.broker.bodies.codec.loads`
 tells the two apart by looking, and a deployment may mix both modes.
 """
 
@@ -30,8 +30,8 @@ from typing import Any
 
 import cloudpickle
 
-from monarch.broker import ext
-from monarch.broker.ext import CodecError, DecodeError, EncodeError, PicklingForbiddenError
+from monarch.broker.bodies import ext
+from monarch.broker.bodies.ext import CodecError, DecodeError, EncodeError, PicklingForbiddenError
 
 
 def _b64(raw: bytes | bytearray | memoryview) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgpack
 
-from monarch.broker import headers as hdr
+from monarch.broker.vocabulary import headers as hdr
 
 KIND_HEADER = hdr.KIND
 COUNT_HEADER = hdr.COUNT

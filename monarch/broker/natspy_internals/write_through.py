@@ -35,8 +35,8 @@ from typing import Any
 
 from nats.aio.client import Client
 
-from monarch.broker.config import settings
-from monarch.broker.inline import run_inline
+from monarch.broker.natspy_internals.inline import run_inline
+from monarch.broker.settings import settings
 
 log = logging.getLogger(__name__)
 

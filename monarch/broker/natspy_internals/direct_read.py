@@ -6,11 +6,11 @@ On each leg of a call that is a task switch, and on the other side of it a
 second hand-over to the thread that waits. :func:`install` replaces the
 ``StreamReader``'s ``feed_data``, which the transport calls with each chunk,
 with a call of nats-py's own parser, so a message reaches its subscription
-(our ordered intake, :mod:`monarch.broker.intake`) in the callback that
+(our ordered intake, :mod:`monarch.broker.natspy_internals.intake`) in the callback that
 brought its bytes. Whole, plain frames for our own subscriptions skip even
-nats-py's parser (:mod:`monarch.broker.fast_delivery`, NOTES 31).
+nats-py's parser (:mod:`monarch.broker.natspy_internals.fast_delivery`, NOTES 31).
 benchmarks/NOTES.md entry 30 has what reading on arrival changed, alone and
-with :mod:`monarch.broker.write_through` (together: ``call_one`` p50 -6-9%,
+with :mod:`monarch.broker.natspy_internals.write_through` (together: ``call_one`` p50 -6-9%,
 broadcast-and-gather +7-19%, pipelined calls -13-21%).
 
 Parsing almost never waits; when it does (an error callback, a JetStream
@@ -22,7 +22,7 @@ emptied ``StreamReader`` and still sees end of file and socket errors, so
 losing the server and reconnecting remain nats-py's; each new socket's
 reader is taken over when nats-py's reader task for it starts. Connecting,
 TLS, PING/PONG, INFO and subscriptions stay nats-py's (writing:
-:mod:`monarch.broker.write_through`).
+:mod:`monarch.broker.natspy_internals.write_through`).
 
 What this touches are nats-py internals (``Client._read_loop``, ``_ps``, the
 TCP transport's ``_io_reader``/``_io_writer``) and ``asyncio.StreamReader``'s
@@ -43,9 +43,9 @@ from nats import errors
 from nats.aio.client import Client
 from nats.aio.transport import TcpTransport
 
-from monarch.broker.config import settings
-from monarch.broker.fast_delivery import deliver_chunk, usable
-from monarch.broker.inline import run_inline
+from monarch.broker.natspy_internals.fast_delivery import deliver_chunk, usable
+from monarch.broker.natspy_internals.inline import run_inline
+from monarch.broker.settings import settings
 
 log = logging.getLogger(__name__)
 

@@ -1,20 +1,27 @@
-"""Runtime settings, read from ``MONARCH_*`` environment variables.
+"""The process's settings, read from ``MONARCH_*`` environment variables.
 
-Every setting has a default that works on one machine with no setup. Values
-are validated with pydantic, so a typo such as ``MONARCH_HEARTBEAT_TIMEOUT=abc``
-fails at start-up with a message naming the variable instead of later and
-somewhere else.
+:class:`Settings` is every ``MONARCH_*`` setting of the runtime: the broker's
+own (:class:`monarch.broker.settings.BrokerSettings`, which it extends) and
+those of the floors above it: heartbeats, flow control, timeouts, how procs
+are started, telemetry. Every setting has a default that works on one machine
+with no setup; values are validated with pydantic, so a typo such as
+``MONARCH_HEARTBEAT_TIMEOUT=abc`` fails at start-up with a message naming the
+variable. ``monarch.configure`` (:mod:`monarch.config`) sets them by name.
+
+Layer: just above :mod:`monarch.broker`, below everything else.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import Field
 
-ENV_PREFIX = "MONARCH_"
+from monarch.broker import settings as _broker
+from monarch.broker.settings import ENV_PREFIX, BrokerSettings
+
+__all__ = ["ENV_PREFIX", "Settings", "prefix_python_logs_with_actor", "settings"]
 
 # As in Monarch (``monarch.actor.config.prefix_python_logs_with_actor = False``):
 # whether log records made in actor code (and in client code that has used
@@ -22,15 +29,9 @@ ENV_PREFIX = "MONARCH_"
 prefix_python_logs_with_actor = True
 
 
-class Settings(BaseModel):
+class Settings(BrokerSettings):
     """The validated ``MONARCH_*`` environment."""
 
-    nats_url: str | None = Field(
-        None, description="Broker URL(s), comma separated. Unset: start an embedded nats-server."
-    )
-    namespace: str = Field(
-        "default", pattern=r"^[A-Za-z0-9_-]+$", description="First token after 'mon.' in subjects."
-    )
     job_name: str | None = Field(
         None,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$",
@@ -44,30 +45,6 @@ class Settings(BaseModel):
         gt=0,
         description="Seconds an endpoint call may run before it is reported as stalled "
         "(one warning at the caller; `monarch top` and the stats answer show it).",
-    )
-    pickle: bool = Field(True, description="Allow cloudpickle for values msgpack cannot carry.")
-    wire: Literal["msgpack", "json"] = Field("msgpack", description="Body encoding.")
-    nats_server: str | None = Field(None, description="Path of the nats-server binary to run.")
-    nats_token: str | None = Field(None, description="Token for an external broker.")
-    nats_user: str | None = Field(None, description="User name for an external broker.")
-    nats_password: str | None = Field(None, description="Password for MONARCH_NATS_USER.")
-    nats_creds: str | None = Field(None, description="NATS credentials (.creds) file.")
-    nats_tls_ca: str | None = Field(None, description="CA bundle that signed the broker's cert.")
-    nats_tls_cert: str | None = Field(None, description="Client certificate for mutual TLS.")
-    nats_tls_key: str | None = Field(None, description="Key of MONARCH_NATS_TLS_CERT.")
-    nats_job_key: str | None = Field(
-        None,
-        min_length=16,
-        description="The job's message authentication key (HMAC-SHA256; every process of "
-        "the job needs the same one). Set: every message is signed and unsigned ones dropped.",
-    )
-    auth: bool = Field(
-        False,
-        description="Sign the job's messages with a key the client makes and hands to the "
-        "procs it starts (as MONARCH_NATS_JOB_KEY, in their environment).",
-    )
-    open_broker_ok: bool = Field(
-        False, description="Do not warn that the broker admits clients without credentials."
     )
     flow_timeout: float = Field(
         60.0, gt=0, description="Seconds a sender may be held back by a slow mesh before it errs."
@@ -86,36 +63,6 @@ class Settings(BaseModel):
         "message (0: sleep at once). Pays only where waking a sleeping core is slow "
         "(benchmarks/NOTES.md 16 and 26); 1000 there.",
     )
-    direct_read: bool = Field(
-        True,
-        description="Parse what the broker sends in the socket's callback, not in nats-py's "
-        "reader task (monarch.broker.direct_read; benchmarks/NOTES.md 30).",
-    )
-    fast_delivery: bool = Field(
-        True,
-        description="Deliver whole, plain MSG/HMSG frames of a received chunk to our ordered "
-        "subscriptions in one pass, not through nats-py's parser (needs direct_read; "
-        "monarch.broker.fast_delivery; benchmarks/NOTES.md 31).",
-    )
-    write_through: bool = Field(
-        True,
-        description="Write a message to the broker's socket within its publish (a burst: the "
-        "rest at the next loop turn), not on nats-py's flusher task's turn "
-        "(monarch.broker.write_through; benchmarks/NOTES.md 30).",
-    )
-    sync_publish: bool = Field(
-        True,
-        description="Publish from the runtime's loop in one plain call, not through nats-py's "
-        "publish coroutines (needs write_through; monarch.broker.sync_publish; "
-        "benchmarks/NOTES.md 31).",
-    )
-    direct_write: bool = Field(
-        True,
-        description="A thread other than the loop's (a script calling, a sync actor answering) "
-        "writes its message to the broker's socket itself while nothing else waits to be "
-        "written, instead of waking the loop to (monarch.broker.direct_write; "
-        "benchmarks/NOTES.md 42).",
-    )
     flow_batch: int = Field(1000, ge=1, description="Messages between two flow markers.")
     flow_window: int = Field(16, ge=1, description="Unanswered flow markers before a sender waits.")
     flow_bytes: int = Field(
@@ -131,9 +78,6 @@ class Settings(BaseModel):
         description="Bytes of messages sent from the event loop (async endpoints) that may "
         "wait in the sender for a slow receiver (mesh or proc) while its window is full; a send "
         "past it raises BackpressureError.",
-    )
-    connect_timeout: float = Field(
-        15.0, gt=0, description="Seconds the first connection to the broker may take."
     )
     broker_lost_timeout: float = Field(
         30.0,
@@ -191,25 +135,24 @@ class Settings(BaseModel):
         "OTEL_EXPORTER_OTLP_ENDPOINT); needs the `otel` extra.",
     )
 
-    @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
-        env = os.environ if environ is None else environ
-        values = {}
-        for name in cls.model_fields:
-            raw = env.get(ENV_PREFIX + name.upper())
-            if raw is not None and raw != "":
-                values[name] = raw
-        try:
-            return cls(**values)
-        except ValidationError as e:
-            problems = "; ".join(
-                f"{ENV_PREFIX}{'.'.join(map(str, err['loc'])).upper()}: {err['msg']}"
-                for err in e.errors()
-            )
-            raise ValueError(f"invalid monarch environment: {problems}") from None
-
 
 @functools.lru_cache(maxsize=1)
-def settings() -> Settings:
-    """The process-wide settings, read once from the environment."""
+def _read() -> Settings:
     return Settings.from_env()
+
+
+def settings() -> Settings:
+    """The process-wide settings, read once from the environment.
+
+    ``settings.cache_clear()`` reads them again at the next call, and the
+    broker's (:func:`monarch.broker.settings.settings`) with them.
+    """
+    return _read()
+
+
+def _cache_clear() -> None:
+    _read.cache_clear()
+    _broker.settings.cache_clear()
+
+
+settings.cache_clear = _cache_clear  # type: ignore[attr-defined]

@@ -2,7 +2,7 @@
 
 A job's client (the root) writes one small file when its runtime starts and
 removes it at shutdown, so that ``monarch ps``/``tail`` (and the NATS CLI, see
-:mod:`monarch.broker.nats_context`) run from another terminal can reach the
+:mod:`monarch.broker.connections.nats_context`) run from another terminal can reach the
 job, even one on a private embedded broker whose URL and token exist nowhere
 else. The file is ``<job name>.json`` in ``$XDG_RUNTIME_DIR/monarch/jobs``
 (``~/.local/state/monarch/jobs`` when that is unset). It holds what a tool
@@ -12,7 +12,7 @@ job signs its messages. So it is written only as a 0600 file in a 0700
 directory of ours, atomically, and never named on a command line.
 
 It also names its owner (pid, process start time, boot; see
-:mod:`monarch.broker.ownership`): a job that was SIGKILLed cannot remove its
+:mod:`monarch.broker.connections.ownership`): a job that was SIGKILLed cannot remove its
 record, and the next reader or writer recognises it as stale, ignores it and
 removes it. Only the root writes a record; procs never do.
 """
@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import PurePath
 from typing import Any
 
-from monarch.broker import nats_context
-from monarch.broker.ownership import NOFOLLOW, owner_gone, process_identity
+from monarch.broker.connections import nats_context
+from monarch.broker.connections.ownership import NOFOLLOW, owner_gone, process_identity
 
 log = logging.getLogger(__name__)
 

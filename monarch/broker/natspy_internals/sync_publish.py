@@ -2,18 +2,18 @@
 
 nats-py's ``publish`` is a coroutine that awaits three more (``_send_publish``,
 ``_send_command``, ``_flush_pending``), and where the job has a key a fourth
-wraps them all (:mod:`monarch.broker.auth`); the runtime drives them to their
-end at once (:func:`monarch.broker.inline.run_inline`), as they almost never
+wraps them all (:mod:`monarch.broker.connections.auth`); the runtime drives them to their
+end at once (:func:`monarch.broker.natspy_internals.inline.run_inline`), as they almost never
 wait. Each message still pays for making and stepping those coroutines, on
 both legs of every call. :func:`publisher` gives a connection a plain
 function that does what they do, in the same order and with the same bytes:
 
 1. nats-py's checks (subject and reply subject, payload size);
-2. the job's ``Mon-Auth`` tag where :func:`monarch.broker.auth.secure` made the
-   connection sign (:func:`monarch.broker.auth.signed_headers`);
-3. the command, built by :mod:`monarch.broker.fast_headers`, appended to
+2. the job's ``Mon-Auth`` tag where :func:`monarch.broker.connections.auth.secure` made the
+   connection sign (:func:`monarch.broker.connections.auth.signed_headers`);
+3. the command, built by :mod:`monarch.broker.natspy_internals.fast_headers`, appended to
    nats-py's queue and counted in its ``stats``;
-4. the write, as :mod:`monarch.broker.write_through` does it (the first
+4. the write, as :mod:`monarch.broker.natspy_internals.write_through` does it (the first
    message of a loop turn at once, the rest at the next turn).
 
 It returns False, having changed nothing, whenever nats-py's own path is
@@ -32,10 +32,10 @@ import nats.aio.client as nats_client
 from nats.aio.client import Client
 from nats.protocol import command
 
-from monarch.broker import fast_headers
-from monarch.broker.auth import auth_of, signed_headers
-from monarch.broker.config import settings
-from monarch.broker.write_through import WriteThrough
+from monarch.broker.connections.auth import auth_of, signed_headers
+from monarch.broker.natspy_internals import fast_headers
+from monarch.broker.natspy_internals.write_through import WriteThrough
+from monarch.broker.settings import settings
 
 Publisher = Callable[[str, bytes, str, "dict[str, str] | None"], bool]
 
@@ -100,7 +100,7 @@ def command_builder(nc: Client) -> CommandBuilder:
     Steps 1-3 of the module's list (checks, the job's tag, the PUB or HPUB
     command) and nothing else, so any thread may call it: None where nats-py's
     own publish must run instead (it then raises its own error). Shared with
-    :mod:`monarch.broker.direct_write`, so both write exactly what nats-py would.
+    :mod:`monarch.broker.natspy_internals.direct_write`, so both write exactly what nats-py would.
     """
     validate = nats_client._validate_subject
     pub_cmd, build_hpub = command.pub_cmd, fast_headers.build_hpub

@@ -1,6 +1,6 @@
 """Delivering the whole messages of a received chunk without nats-py's parser.
 
-:mod:`monarch.broker.direct_read` hands each chunk the socket receives to
+:mod:`monarch.broker.natspy_internals.direct_read` hands each chunk the socket receives to
 nats-py's parser at once. That parser is general: it copies the chunk into
 its buffer, tries regular expressions for each kind of line, cuts the buffer
 up (a copy and a shift per piece) and goes through three coroutines per
@@ -10,7 +10,7 @@ chunk a proc or a client receives is one or a few small, complete ``MSG`` or
 :func:`deliver_whole` does the same work in one pass over the bytes: it reads
 the control line, slices the headers and the body out of the chunk, parses
 the headers with the connection's own header parser and gives nats-py's
-``Msg`` to the subscription's ordered intake (:mod:`monarch.broker.intake`),
+``Msg`` to the subscription's ordered intake (:mod:`monarch.broker.natspy_internals.intake`),
 counting what nats-py counts (``stats``, ``Subscription._received``).
 
 It stops at the first frame it does not take whole: one cut by the end of

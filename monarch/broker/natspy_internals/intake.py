@@ -15,7 +15,7 @@ internals (``Subscription._pending_queue``, ``_pending_size``,
 ``_pending_bytes_limit``); :func:`subscribe_ordered` checks they exist so an
 incompatible nats-py fails loudly at start-up rather than reordering quietly.
 
-It is also where a job with a key (:mod:`monarch.broker.auth`) checks what
+It is also where a job with a key (:mod:`monarch.broker.connections.auth`) checks what
 comes in: a message without a valid ``Mon-Auth`` tag is dropped (and counted)
 before anything else sees it, whether it is a call, a reply, a heartbeat, a
 supervision event or a control message.
@@ -30,9 +30,10 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from monarch.broker import batch, direct_read, fast_headers, write_through
-from monarch.broker.auth import MessageAuth, secure
-from monarch.broker.config import settings
+from monarch.broker.bodies import batch
+from monarch.broker.connections.auth import MessageAuth, secure
+from monarch.broker.natspy_internals import fast_paths
+from monarch.broker.settings import settings
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class _DirectQueue:
         self.deliver(msg)
 
     def deliver(self, msg: Msg) -> None:
-        """Check, then hand ``msg`` to the handler (also called by :mod:`monarch.broker.fast_delivery`)."""
+        """Check, then hand ``msg`` to the handler (also called by :mod:`monarch.broker.natspy_internals.fast_delivery`)."""
         if self._auth is not None and not self._auth.accepts(msg):
             return  # counted and warned about by accepts()
         if self._on_message is not None:
@@ -114,7 +115,7 @@ async def subscribe_ordered(
 ) -> Subscription:
     """Subscribe so that ``handler`` runs inline, in wire order, as nats-py parses.
 
-    (That is in the socket's own callback, :mod:`monarch.broker.direct_read`,
+    (That is in the socket's own callback, :mod:`monarch.broker.natspy_internals.direct_read`,
     or where it is off, on nats-py's reader task.)
 
     ``on_message`` (if given) sees every message first (the runtime's busy poll).
@@ -125,13 +126,13 @@ async def subscribe_ordered(
 
     When the job has a key, only messages with a valid tag reach ``on_message``
     and ``handler``. ``nc`` is secured here if it was made some other way than
-    :func:`monarch.broker.connect.connect` (a host agent's), so that it signs
+    :func:`monarch.broker.connections.connect.connect` (a host agent's), so that it signs
     its own answers too.
     """
     use_plain_header_parser()
-    fast_headers.install(nc)  # what it reads (and sends) costs fewer Python steps per message
-    direct_read.install(nc)  # and reaches the handler without a task switch
-    write_through.install(nc)  # its answers leave within their publish
+    # Fewer Python steps per message read and sent, the handler reached without a
+    # task switch, answers leaving within their publish.
+    fast_paths.install(nc)
     auth = secure(nc, settings())  # the connection's own, if connect() secured it already
     sub = await nc.subscribe(subject)
     for attr in ("_pending_queue", "_pending_size", "_pending_bytes_limit"):

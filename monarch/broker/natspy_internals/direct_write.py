@@ -51,9 +51,9 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.transport import TcpTransport
 
-from monarch.broker import fast_headers
-from monarch.broker.config import settings
-from monarch.broker.sync_publish import command_builder
+from monarch.broker.natspy_internals import fast_headers
+from monarch.broker.natspy_internals.sync_publish import command_builder
+from monarch.broker.settings import settings
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +223,7 @@ def install(nc: Client) -> DirectWrite | None:
     """Let threads write ``nc``'s messages directly; None (nc untouched) where it cannot.
 
     Call it on the loop that runs ``nc``, once it is connected, after
-    :mod:`monarch.broker.write_through` and :mod:`monarch.broker.fast_headers`.
+    :mod:`monarch.broker.natspy_internals.write_through` and :mod:`monarch.broker.natspy_internals.fast_headers`.
     """
     direct = getattr(nc, "_monarch_direct_write", None)
     if direct is not None:

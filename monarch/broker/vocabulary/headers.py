@@ -1,7 +1,7 @@
 """Every ``Mon-*`` NATS header this system writes, declared once, with what it means.
 
 Headers carry what a person watching traffic (``monarch tail``, ``nats sub
-'mon.>'``) wants to read; bodies are encoded by :mod:`monarch.broker.codec`.
+'mon.>'``) wants to read; bodies are encoded by :mod:`monarch.broker.bodies.codec`.
 Modules use these names, never the strings, so this table is the whole list.
 """
 
@@ -45,9 +45,9 @@ TABLE: dict[str, str] = {
     "slice: its rank within that slice (a ranked PortReceiver's rank, as in Monarch)",
     WAIT: "one: a caller blocks on this single reply, so both sides busy-poll briefly "
     "(monarch.core.busy_poll)",
-    COUNT: "how many messages a batch holds (monarch.broker.batch)",
+    COUNT: "how many messages a batch holds (monarch.broker.bodies.batch)",
     ADHOC: "the caller used as_endpoint() on a plain method",
-    AUTH: "HMAC-SHA256 of the message under the job key (monarch.broker.auth)",
+    AUTH: "HMAC-SHA256 of the message under the job key (monarch.broker.connections.auth)",
     LOOP_STALL: "on heartbeats: seconds the sender's event loop has not turned",
     QUIET: "on heartbeats: the sender is importing a library whose start-up holds the GIL "
     "(torch): watchers allow this many seconds of silence before declaring it dead",

@@ -5,7 +5,7 @@ The ``nats`` command keeps named connection settings as JSON files in
 when unset), with the fields of ``natscontext`` in nats-io/jsm.go
 (``description``, ``url``, ``token``, ``user``, ``password``, ``creds``,
 ``nkey``, ``cert``, ``key``, ``ca``, ...). Next to each job record
-(:mod:`monarch.broker.job_records`) we write one for the job, 0600, and
+(:mod:`monarch.broker.connections.job_records`) we write one for the job, 0600, and
 remove it with the record. Ours are marked by their description,
 ``monarch job <name> (pid N)``: only files carrying that mark are ever
 replaced or removed, so a context the user made by hand is left alone.
@@ -20,7 +20,7 @@ import stat
 from collections.abc import Iterator
 from urllib.parse import urlsplit, urlunsplit
 
-from monarch.broker.ownership import NOFOLLOW, write_private
+from monarch.broker.connections.ownership import NOFOLLOW, write_private
 
 _MARK = re.compile(r"^monarch job ([A-Za-z0-9_-]+) \(pid (\d+)\)$")
 _FIELDS = ("token", "user", "password", "creds", "nkey", "cert", "key", "ca")

@@ -2,7 +2,7 @@
 
 A process that is SIGKILLed (or ends by ``os._exit``) cannot remove what it
 wrote to disk: an embedded broker's store directory (with its token), a job
-record (:mod:`monarch.broker.job_records`). Whoever comes next judges such a
+record (:mod:`monarch.broker.connections.job_records`). Whoever comes next judges such a
 leftover by the identity its owner wrote into it: the pid alone is not enough
 (pids are reused), so the process's start time, the boot and the pid
 namespace go with it. Shared by every writer of such files so that they all

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import nats
 
-from monarch.broker.server import find_nats_server, free_port, read_info
+from monarch.broker.connections.server import find_nats_server, free_port, read_info
 
 
 @dataclass

@@ -2,8 +2,8 @@
 
 A type registered here (:func:`register_ext`: a mesh reference, a port, an
 error) travels as itself in either wire mode: the msgpack codec
-(:mod:`monarch.broker.codec`) writes it as a marker array of its code, the JSON
-mode (:mod:`monarch.broker.json_wire`) as ``{"$ext": code, "value": ...}``.
+(:mod:`monarch.broker.bodies.codec`) writes it as a marker array of its code, the JSON
+mode (:mod:`monarch.broker.bodies.json_wire`) as ``{"$ext": code, "value": ...}``.
 Neither codec keeps a registry of its own or reaches into the other's.
 """
 

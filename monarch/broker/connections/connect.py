@@ -19,9 +19,9 @@ from urllib.parse import urlsplit, urlunsplit
 import nats
 from nats.aio.client import Client
 
-from monarch.broker import direct_read, direct_write, fast_headers, write_through
-from monarch.broker.auth import secure
-from monarch.broker.config import Settings
+from monarch.broker import natspy_internals
+from monarch.broker.connections.auth import secure
+from monarch.broker.settings import BrokerSettings
 
 
 class BrokerConnectionError(ConnectionError):
@@ -70,7 +70,7 @@ def check_creds_file(path: str) -> None:
             )
 
 
-def connect_options(cfg: Settings) -> dict[str, Any]:
+def connect_options(cfg: BrokerSettings) -> dict[str, Any]:
     opts: dict[str, Any] = {}
     if cfg.nats_token:
         opts["token"] = cfg.nats_token
@@ -90,7 +90,7 @@ def connect_options(cfg: Settings) -> dict[str, Any]:
 
 async def connect(
     url: str,
-    cfg: Settings,
+    cfg: BrokerSettings,
     *,
     name: str,
     error_cb: Callable[[Exception], Awaitable[None]] | None = None,
@@ -100,7 +100,7 @@ async def connect(
     """Connect once (no retry loop at start: a wrong URL or password fails fast).
 
     The connection signs what it publishes when the job has a key, and an open
-    broker is warned about once (:func:`monarch.broker.auth.secure`).
+    broker is warned about once (:func:`monarch.broker.connections.auth.secure`).
     """
     errors: list[Exception] = []
     options = connect_options(cfg)  # a bad credentials file fails here, before any I/O
@@ -144,9 +144,9 @@ async def connect(
             f"cannot connect to the broker at {redact(url)}: {causes} ({hint})"
         ) from e
     nc.options["max_reconnect_attempts"] = -1
-    fast_headers.install(nc)  # cheaper header code for what this connection sends and reads
-    direct_read.install(nc)  # what arrives is parsed at once, not on a task's next turn
-    write_through.install(nc)  # and what it sends leaves within the publish
+    # Cheaper headers, reading on arrival, writing within the publish, and threads
+    # writing their own message when nothing waits. (Signing, below, wraps only
+    # ``publish``, which none of them touches: the two may go on in either order.)
+    natspy_internals.install(nc, thread_writes=True)
     secure(nc, cfg)
-    direct_write.install(nc)  # a thread may write its message itself when nothing waits
     return nc

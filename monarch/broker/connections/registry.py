@@ -22,10 +22,15 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KeyValue
 
-from monarch.broker import headers as hdr
-from monarch.broker import subjects
-from monarch.broker.auth import auth_of
-from monarch.broker.jetstream_setup import NOT_READY, NotPlacedYet, replicas, while_electing
+from monarch.broker.connections.auth import auth_of
+from monarch.broker.connections.jetstream_setup import (
+    NOT_READY,
+    NotPlacedYet,
+    replicas,
+    while_electing,
+)
+from monarch.broker.vocabulary import headers as hdr
+from monarch.broker.vocabulary import subjects
 
 HOSTS = "hosts"
 PROCS = "procs"
