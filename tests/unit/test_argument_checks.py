@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from monarch.actor import Actor, concurrent_endpoint, endpoint
 from monarch.actors.calls.actor import check_actor_class
 from monarch.actors.calls.endpoint import ActorEndpoint, EndpointProperty, send
-from monarch.broker.codec import EncodeError
+from monarch.broker.bodies.codec import EncodeError
 from monarch.rdma.bulk import encode_body
 
 QUAL = "Worker.ep"

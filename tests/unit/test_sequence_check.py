@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from monarch.actors.messaging.lost_sends import SendCounter, SequenceCheck
-from monarch.broker.headers import SENT, SEQ
+from monarch.broker.vocabulary.headers import SENT, SEQ
 
 SUBJECT = "mon.ns.act.m.u.0"
 

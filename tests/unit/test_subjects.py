@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from monarch.actors.meshes.shape import Extent, View
-from monarch.broker import subjects
+from monarch.broker.vocabulary import subjects
 
 NS = "job1"
 
