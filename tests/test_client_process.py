@@ -155,6 +155,24 @@ def test_pickle_forbidden_is_a_clear_error_at_the_sender(tmp_path):
     assert "set refused: PicklingForbiddenError" in out
 
 
+def test_actor_output_reaches_the_client_with_pickle_off(tmp_path):
+    """A forwarded log batch is plain values: it must not need pickle (it once held an ActorId)."""
+    result, _ = run_script(
+        tmp_path,
+        """
+        from monarch.actor import this_host
+        from tests.actors.actors_for_tests import Printer
+
+        procs = this_host().spawn_procs(per_host={"gpus": 1})
+        procs.spawn("printer", Printer).say.call("printed with pickle off").get()
+        procs.stop().get()
+        """,
+        MONARCH_PICKLE="0",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "printed with pickle off" in result.stdout, result.stdout + result.stderr
+
+
 def test_monarch_demo_console_script(tmp_path):
     store = tmp_path / "tmp"
     store.mkdir()

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import types
 import warnings
 from types import MappingProxyType
 
@@ -546,3 +547,18 @@ def test_big_out_assembles_big_bodies_in_mapped_memory_that_decodes_the_same():
     assert torch.equal(out["t"], t) and x == b"x"
     small = dumps((torch.ones(3), 1), big_out=True)
     assert isinstance(small, bytes)  # below 1 MiB: plain bytes as always
+
+
+def test_a_torch_module_still_being_imported_is_treated_as_absent(monkeypatch):
+    """Another thread half way through ``import torch`` leaves a module without ``Tensor``.
+
+    Encoding anything that falls through to the tensor check (here a str subclass)
+    used to raise "partially initialized module 'torch' has no attribute 'Tensor'".
+    """
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
+    monkeypatch.setitem(sys.modules, "numpy", types.ModuleType("numpy"))
+
+    class Name(str):
+        pass
+
+    assert loads(dumps({"actor": Name("a")})) == {"actor": "a"}

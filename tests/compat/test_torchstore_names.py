@@ -69,4 +69,4 @@ def test_context_alias_is_the_variable_our_public_context_reads():
     from monarch.actors.calls import context as ours
 
     assert actor_mesh._context is ours._current
-    assert actor_mesh.__all__ == ["_context"]
+    assert "_context" in actor_mesh.__all__  # beside ActorMesh, which TorchForge imports from here

@@ -189,7 +189,7 @@ class _Forwarder:
             body = {
                 "lines": b.lines,
                 "actor": src.name if src else None,
-                "actor_id": src.actor_id if src else None,
+                "actor_id": str(src.actor_id) if src else None,  # plain str: no pickle
                 "rank": src.rank.rank if src else None,
                 "point": repr(src.rank) if src else None,
                 "level": b.level,
@@ -201,9 +201,14 @@ class _Forwarder:
                 m.FROM: src.actor_id if src else self.rt.proc_uid,
                 m.RANK: str(src.rank.rank) if src else self.proc_rank,
             }
+            try:
+                data = dumps(body)
+            except Exception:  # never lose a line to the codec: keep it on the proc
+                self._write_local(b.stream, b.lines)
+                continue
             self.rt.publish(
                 self.subject,
-                dumps(body),
+                data,
                 headers,
                 on_error=lambda _e, b=b: self._write_local(b.stream, b.lines),
             )

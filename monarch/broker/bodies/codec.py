@@ -154,11 +154,16 @@ class _Encoder:
             return [_TUPLE_EXT, *(map(self._rewrite, obj) if _has_bytearray(obj) else obj)]
         registered = ext.by_class.get(t)
         if registered is None:
+            # getattr, not attribute access: another thread may be half way through
+            # ``import torch``, and a class that does not exist yet is no match.
             torch, np = sys.modules.get("torch"), sys.modules.get("numpy")
-            if torch is not None and t in (torch.Tensor, torch.nn.Parameter):
+            if torch is not None and t in (
+                getattr(torch, "Tensor", None),
+                getattr(getattr(torch, "nn", None), "Parameter", None),
+            ):
                 if obj.layout == torch.strided and not obj.is_quantized and not obj.is_meta:
                     return self._tensor(obj)
-            if np is not None and t is np.ndarray:
+            if np is not None and t is getattr(np, "ndarray", None):
                 if not obj.dtype.hasobject and obj.dtype.fields is None:
                     return self._ndarray(np, obj)
             registered = ext.for_value(obj)

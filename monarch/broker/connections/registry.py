@@ -115,7 +115,11 @@ async def read_all(nc: Client, namespace: str, what: str, timeout: float = 5.0) 
         kv = await while_electing(f"the bucket {name}", lambda: nc.jetstream().key_value(name))
     except BucketNotFoundError:
         return {}
-    watcher = await kv.watchall(ignore_deletes=True)
+    # Its watcher is a consumer on the bucket's stream: also refused while that
+    # stream elects a leader (seen in CI right after a server was killed).
+    watcher = await while_electing(
+        f"a watcher of the bucket {name}", lambda: kv.watchall(ignore_deletes=True)
+    )
     out: dict[str, bytes] = {}
     try:
         while True:
