@@ -33,6 +33,7 @@ from monarch.actors.calls import activity
 from monarch.actors.calls.activity import call_listeners, tell_later
 from monarch.actors.calls.context import Context, CreatorInstance, Instance, set_context
 from monarch.actors.calls.endpoint import EndpointProperty, endpoints_of
+from monarch.actors.calls.init_thread import construct_on_thread
 from monarch.actors.calls.mailbox import Job, LoopRunner, ThreadRunner
 from monarch.actors.calls.ports import Port
 from monarch.actors.errors import (
@@ -113,6 +114,7 @@ class ActorInstance:
         self._stopping = False  # no new messages are taken
         self._stop_requested = False
         self._done = False  # stop or failure handling has begun
+        self._constructing = False  # __init__ is queued or running
         self._unhandled = False  # __supervise__ left a failure unhandled: the actor fails
         self._sequence = SequenceCheck()  # holes in senders' numbering: lost messages
         self._flow_senders = 1  # the count for the flow marker being handled
@@ -134,6 +136,10 @@ class ActorInstance:
 
     async def call_on_actor(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` in the actor's turn (on its thread for sync code)."""
+        return await self._queue_call(fn, *args)
+
+    def _queue_call(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+        """Queue ``fn(*args)`` in the actor's mailbox now; the future gets its outcome."""
         done = self.rt.loop.create_future()
         if asyncio.iscoroutinefunction(fn):  # e.g. ``async def __cleanup__``: awaited on the loop
 
@@ -148,32 +154,51 @@ class ActorInstance:
                 return fn(*a)
 
         self._runner.put(Job(in_context, args, done))
-        return await done
+        return done
 
     async def construct(self, args: tuple, kwargs: dict) -> None:
-        """Run ``__init__`` in the actor's turn; raises what it raises.
+        """Run ``__init__`` in the actor's turn; raises what it raises."""
+        await self.begin_construct(args, kwargs)
 
-        It runs on the thread that will run the endpoints, as in Monarch: a
-        sync actor's own thread, or the proc's loop for an async actor (so
-        thread-local state made in ``__init__`` is there in every endpoint; a
-        blocking ``__init__`` holds the loop, as Monarch's holds its actor loop).
+    def begin_construct(self, args: tuple, kwargs: dict) -> asyncio.Future:
+        """Queue ``__init__`` as the first item of the mailbox; the future: it has run.
+
+        Messages delivered meanwhile wait behind it, as they wait behind
+        Monarch's init message, and are refused if it raises. A sync actor
+        runs it on its own thread; an async actor on a thread of its own too
+        (:mod:`monarch.actors.calls.init_thread`), so that an ``__init__`` that
+        blocks, or never returns, holds only this actor, not its proc's loop.
         """
 
-        async def on_loop() -> Any:
-            return self.cls(*args, **kwargs)
+        async def own_thread() -> Any:
+            return await construct_on_thread(
+                self.rt.loop, lambda: self.cls(*args, **kwargs), f"actor {self.actor_id}"
+            )
 
         def on_thread() -> Any:
             return self.cls(*args, **kwargs)
 
-        build = on_loop if isinstance(self._runner, LoopRunner) else on_thread
+        build = own_thread if isinstance(self._runner, LoopRunner) else on_thread
+        self._constructing = True
+        return asyncio.ensure_future(self._finish_construct(self._queue_call(build)))
+
+    async def _finish_construct(self, built: asyncio.Future) -> None:
         try:
-            self.obj = await self.call_on_actor(build)
+            obj = await built
         except BaseException as e:
+            self._constructing = False
+            if self.failed is None:
+                self.failed = e  # messages that came meanwhile are refused, saying why
             self._runner.close()
             self.activity.failed(f"__init__ raised {type(e).__name__}: {e}")
             self.activity.stopped()  # it is never served
             raise
-        self.info._actor = self.obj
+        self._constructing = False
+        self.obj = obj
+        self.info._actor = obj
+        if self._done:  # stopped while __init__ ran: nothing will serve it
+            self._release()
+            return
         self.activity.serving()
 
     def deliver(self, msg: Msg) -> None:
@@ -275,6 +300,8 @@ class ActorInstance:
         drained = self.rt.loop.create_future()
         self._runner.put(Job(lambda: None, (), drained))
         try:
+            if self._constructing:  # behind an __init__ still running: not reached in time
+                raise asyncio.TimeoutError
             await asyncio.wait_for(asyncio.shield(drained), timeout)
         except asyncio.TimeoutError:
             log.warning("actor %s did not finish its mailbox in %.1f s", self.actor_id, timeout)

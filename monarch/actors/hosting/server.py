@@ -49,6 +49,7 @@ class ProcServer:
         self.controllers: dict[str, Any] = {}
         self._handlers: dict[str, Callable[[Msg], Awaitable[Any]]] = {}  # kinds handed in
         self._nested: set[asyncio.Task] = set()  # stop / stop_mesh handlers running (see _take)
+        self._building: set[asyncio.Task] = set()  # spawns whose __init__ runs (see _spawn)
         rt.set_ctl_handler(self._take)
 
     def _take(self, msg: Msg) -> None:
@@ -81,7 +82,42 @@ class ProcServer:
         # stop_mesh is answered at once (nothing is left to stop) and a spawn refused.
         while True:
             msg: Msg = await self._ctl.get()
-            await self._handle(msg, (msg.headers or {}).get(m.KIND, ""))
+            kind = (msg.headers or {}).get(m.KIND, "")
+            if kind == "spawn" and "spawn" not in self._handlers:
+                await self._spawn(msg)
+            else:
+                await self._handle(msg, kind)
+
+    async def _spawn(self, msg: Msg) -> None:
+        """A spawn holds the queue only until its actor is placed (subscribed, ``__init__``
+        first in its mailbox), as Monarch's actor exists before its init message runs:
+        an ``__init__`` that blocks, or never returns, holds back no other control
+        message (the next spawn, a ``ping``); its own answer is sent when it has run."""
+        try:
+            inst, built = await self._place_from(msg)
+        except Exception as e:
+            log.debug("control spawn failed: %r", e)
+            self._reply(msg, False, m.encode_error(e))
+            return
+        task = self.rt.loop.create_task(self._answer_spawn(msg, inst, built))
+        self._building.add(task)
+        task.add_done_callback(self._building.discard)
+
+    async def _answer_spawn(self, msg: Msg, inst: ActorInstance, built: asyncio.Future) -> None:
+        try:
+            await self._constructed(inst, built)
+        except BaseException as e:  # CancelledError too: a stop cut its __init__ off
+            self._reply(
+                msg,
+                False,
+                m.encode_error(
+                    e
+                    if isinstance(e, Exception)
+                    else RuntimeError(f"actor {inst.actor_id} was stopped during __init__")
+                ),
+            )
+            return
+        self._reply(msg, True, dumps(None))
 
     async def _handle(self, msg: Msg, kind: str) -> None:
         try:
@@ -104,13 +140,17 @@ class ProcServer:
         return self.rt.proc_uid
 
     async def _on_spawn(self, msg: Msg) -> None:
+        inst, built = await self._place_from(msg)
+        await self._constructed(inst, built)
+
+    async def _place_from(self, msg: Msg) -> tuple[ActorInstance, asyncio.Future]:
         if self.stopped.is_set():
             raise RuntimeError(f"proc {self.rt.proc_uid} is stopping: it spawns no more actors")
         spec = await decode_body_async(msg.data)  # big __init__ arguments travel out of band
         rank = int((msg.headers or {})[m.RANK])
         extent = Extent(spec["labels"], spec["sizes"])
         owner_proc, owner_actor = spec.get("owner") or (self.rt.root_uid, "client")
-        await self.spawn_instance(
+        return await self.place_instance(
             spec["name"],
             spec["uid"],
             rank,
@@ -142,19 +182,57 @@ class ProcServer:
         actor: the ProcMesh it was spawned on, or a function that makes it;
         ``creator`` says who spawned it (``None``: the root client).
         """
+        inst, built = await self.place_instance(
+            name, uid, rank, extent, cls, args, kwargs, owner, proc_mesh, creator
+        )
+        await self._constructed(inst, built)
+        return inst
+
+    async def place_instance(
+        self,
+        name: str,
+        uid: str,
+        rank: int,
+        extent: Extent,
+        cls: type,
+        args: tuple,
+        kwargs: dict,
+        owner: tuple[str, str] | None = None,
+        proc_mesh: Any = None,
+        creator: CreatorInstance | None = None,
+    ) -> tuple[ActorInstance, asyncio.Future]:
+        """Make one actor here, its ``__init__`` queued first in its mailbox, and subscribe
+        it; the future: ``__init__`` has run (see :meth:`_constructed`)."""
         inst = ActorInstance(
             self.rt, name=name, uid=uid, rank=rank, extent=extent, cls=cls, proc_mesh=proc_mesh,
             creator=creator if creator is not None else CreatorInstance.from_chain([_ROOT]),
         )  # fmt: skip
         inst.owner_proc, inst.owner_actor = owner or (self.rt.proc_uid, "client")
-        await inst.construct(args, kwargs)
+        built = inst.begin_construct(args, kwargs)
         inst.on_stopped = self._forget
         inst.on_failure = self._actor_failed
         self.actors[uid] = inst
-        coords = extent.coords(rank)
-        for subject in subjects.point_subscriptions(self.rt.namespace, name, uid, coords):
-            inst.subscriptions.append(await self.rt.subscribe_mesh(subject, inst.deliver))
-        return inst
+        try:
+            coords = extent.coords(rank)
+            for subject in subjects.point_subscriptions(self.rt.namespace, name, uid, coords):
+                inst.subscriptions.append(await self.rt.subscribe_mesh(subject, inst.deliver))
+        except BaseException:
+            built.cancel()
+            await self._unplace(inst)
+            raise
+        return inst, built
+
+    async def _constructed(self, inst: ActorInstance, built: asyncio.Future) -> None:
+        """Wait for ``__init__``; if it raised, the actor is taken away again and this raises."""
+        try:
+            await built
+        except BaseException:
+            await self._unplace(inst)
+            raise
+
+    async def _unplace(self, inst: ActorInstance) -> None:
+        self._forget(inst)
+        await inst._unsubscribe()
 
     def _forget(self, inst: ActorInstance) -> None:
         if self.actors.get(inst.uid) is inst:
