@@ -22,7 +22,7 @@ def own_broker(cleanup: contextlib.ExitStack) -> EmbeddedBroker:
     os.environ["MONARCH_NATS_URL"] = broker.url
 
     def stop_runtime() -> None:
-        from monarch.core.runtime import shutdown_runtime
+        from monarch.core.process_runtime import shutdown_runtime
 
         shutdown_runtime()
 

@@ -55,7 +55,7 @@ class Echo(Actor):
 def serve_side() -> None:
     """Spawn a proc, then answer ``{"op": "call"|"fire", "n": N}`` lines until stdin ends."""
     from monarch.broker.connections import auth
-    from monarch.core.runtime import runtime
+    from monarch.core.process_runtime import runtime
 
     procs = this_host().spawn_procs(per_host={"gpus": 1})
     try:

@@ -35,7 +35,7 @@ import time
 
 from monarch.actor import Actor, endpoint, this_host
 from monarch.broker.natspy_internals import sync_publish
-from monarch.core.runtime import runtime
+from monarch.core.process_runtime import runtime
 
 CHANGES = ("read", "write", "deliver", "sync", "direct")
 VARIANTS = {

@@ -69,7 +69,7 @@ CLIENT = r"""
 import asyncio, json, os, subprocess, sys, time
 import nats, uvloop
 from monarch.actor import Actor, attach_to_workers, endpoint, shutdown_context
-from monarch.core.runtime import runtime  # where this client is connected (a check)
+from monarch.core.process_runtime import runtime  # where this client is connected (a check)
 
 WARMUP, LATENCY, ROUNDS = (int(x) for x in os.environ["BENCH_COUNTS"].split(","))
 PROC_URL = os.environ["BENCH_PROC_URL"]
@@ -82,7 +82,7 @@ class Echo(Actor):
 
     @endpoint
     def node_port(self) -> int:
-        from monarch.core.runtime import runtime  # the proc's runtime, in the proc
+        from monarch.core.process_runtime import runtime  # the proc's runtime, in the proc
         return runtime().nc.connected_url.port
 
 def pct(xs, q):

@@ -41,7 +41,7 @@ def main() -> None:
     try:
         sizes_table, payload_table = run(args.runs, args.quick)
     finally:
-        from monarch.core.runtime import shutdown_runtime
+        from monarch.core.process_runtime import shutdown_runtime
 
         shutdown_runtime()
         broker.stop()

@@ -27,7 +27,7 @@ _START = """
 import json, sys, time
 import monarch.actor  # noqa: F401  (what a script imports first)
 from monarch.broker.connections import job_records
-from monarch.core.runtime import runtime
+from monarch.core.process_runtime import runtime
 if sys.argv[1] == "off":
     job_records.publish = lambda *a, **k: None
 t = time.perf_counter()

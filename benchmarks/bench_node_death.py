@@ -38,7 +38,7 @@ from monarch.broker.connections.cluster import nats_cluster  # noqa: E402
 PRELUDE = """
     import collections, json, os, signal, threading, time
     from monarch.actor import Actor, BrokerLostError, MessageLostError, endpoint, this_host
-    from monarch.core.runtime import runtime
+    from monarch.core.process_runtime import runtime
 
     class Counter(Actor):
         def __init__(self):
@@ -59,7 +59,7 @@ PRELUDE = """
 
         @endpoint
         def node_port(self):
-            from monarch.core.runtime import runtime
+            from monarch.core.process_runtime import runtime
             return runtime().nc.connected_url.port
 
     nodes = {int(k): v for k, v in json.loads(os.environ["BENCH_NODES"]).items()}

@@ -27,7 +27,7 @@ import torch
 
 from monarch.actor import Actor, endpoint, this_host
 from monarch.broker.connections.server import EmbeddedBroker
-from monarch.core.runtime import shutdown_runtime
+from monarch.core.process_runtime import shutdown_runtime
 from monarch.rdma import RDMABuffer
 
 TIMEOUT = 120.0

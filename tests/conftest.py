@@ -40,12 +40,12 @@ def nats_url():
     # The client's proc zygote lives as long as the session: start it before any
     # test counts its processes.
     from monarch.actors.procs.launcher import ensure_zygote
-    from monarch.core.runtime import runtime
+    from monarch.core.process_runtime import runtime
 
     runtime()
     ensure_zygote()
     yield broker.url
-    from monarch.core.runtime import shutdown_runtime
+    from monarch.core.process_runtime import shutdown_runtime
 
     shutdown_runtime()
     broker.stop()

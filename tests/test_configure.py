@@ -210,7 +210,7 @@ def test_configure_before_start_reaches_the_client_runtime_and_its_procs(nats_ur
         )
         procs = this_host().spawn_procs(per_host={"gpus": 2})
         remote = procs.spawn("probe", Probe).config.call().get(timeout=60)
-        from monarch.core.runtime import runtime
+        from monarch.core.process_runtime import runtime
         rt = runtime().settings
         client = {"namespace": rt.namespace, "heartbeat_timeout": rt.heartbeat_timeout,
                   "spawn_timeout": rt.spawn_timeout, "wire": rt.wire}

@@ -1,7 +1,7 @@
 """The root of the owner tree: starting the client's runtime on first use.
 
 This is the top of the actor layer. Importing it hands :func:`start_client` to
-the core (:func:`monarch.core.runtime.set_starter`), so the first use of the
+the core (:func:`monarch.core.process_runtime.set_starter`), so the first use of the
 API in a client script (``this_host()``, an ``RDMABuffer``, ...) starts,
 in this order: the zygote procs fork from, the embedded nats-server when
 ``MONARCH_NATS_URL`` is unset, the runtime's loop on a daemon thread, the
@@ -38,14 +38,13 @@ from monarch.broker.connections.auth import job_key
 from monarch.broker.connections.server import EmbeddedBroker
 from monarch.broker.vocabulary import subjects
 from monarch.core.future import Future
-from monarch.core.runtime import (
-    Runtime,
+from monarch.core.process_runtime import (
     current_runtime_or_none,
     install_runtime,
-    new_event_loop,
     set_starter,
     shutdown_runtime,
 )
+from monarch.core.runtime import Runtime, new_event_loop
 from monarch.settings import Settings, settings
 from monarch.supervision.failure import MeshFailure
 

@@ -30,7 +30,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from monarch.config import keys
-from monarch.core.runtime import current_runtime_or_none
+from monarch.core.process_runtime import current_runtime_or_none
 from monarch.settings import ENV_PREFIX, Settings, settings
 
 _lock = threading.RLock()

@@ -27,7 +27,8 @@ from monarch.actors.meshes.shape import Extent, View
 from monarch.actors.procs.host_mesh import HostMesh
 from monarch.broker.connections.registry import HeartbeatSeen, HostInfo, list_hosts
 from monarch.core.future import Future
-from monarch.core.runtime import new_event_loop, runtime
+from monarch.core.process_runtime import runtime
+from monarch.core.runtime import new_event_loop
 from monarch.hosts import dial_in
 from monarch.hosts.agent import run_agent
 from monarch.hosts.launcher import AgentLauncher

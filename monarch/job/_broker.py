@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from monarch.actors.client import embedded_broker_url
-from monarch.core.runtime import current_runtime_or_none, runtime
+from monarch.core.process_runtime import current_runtime_or_none, runtime
 
 
 def client_broker() -> tuple[str, bool]:

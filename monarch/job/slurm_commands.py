@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 from monarch.actor import shutdown_context
-from monarch.core.runtime import current_runtime_or_none
+from monarch.core.process_runtime import current_runtime_or_none
 
 # Slurm states after which a job's hosts are gone for good.
 TERMINAL = frozenset(

@@ -16,7 +16,7 @@ import logging
 import os
 from dataclasses import dataclass
 
-from monarch.core.runtime import current_runtime_or_none
+from monarch.core.process_runtime import current_runtime_or_none
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from typing import Any
 from monarch.broker.bodies import buffers
 from monarch.broker.bodies.codec import dumps, loads
 from monarch.broker.bodies.ext import register_ext
-from monarch.core.runtime import current_runtime_or_none
+from monarch.core.process_runtime import current_runtime_or_none
 from monarch.rdma import config, transfer
 from monarch.rdma.handle import BufferHandle
 from monarch.rdma.memory import as_memory

@@ -14,7 +14,8 @@ import logging
 
 from monarch.broker.bodies.codec import dumps, loads
 from monarch.broker.connections.auth import auth_of
-from monarch.core.runtime import Runtime, runtime
+from monarch.core.process_runtime import runtime
+from monarch.core.runtime import Runtime
 from monarch.rdma.errors import OwnerGoneError
 from monarch.rdma.handle import BufferHandle
 from monarch.rdma.transports import set_ibverbs_exchange

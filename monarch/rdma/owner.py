@@ -15,7 +15,8 @@ import socket
 import threading
 from urllib.parse import urlparse
 
-from monarch.core.runtime import Runtime, runtime
+from monarch.core.process_runtime import runtime
+from monarch.core.runtime import Runtime
 from monarch.rdma import config
 from monarch.rdma.control import serve_queue_pairs
 from monarch.rdma.handle import BufferHandle, host_id, process_start_time

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from monarch.actors.meshes.mesh_ops import view_of
-from monarch.core.runtime import runtime
+from monarch.core.process_runtime import runtime
 from monarch.tensors import config
 from monarch.tensors.controller import controller_for
 from monarch.tensors.errors import Poison, RemoteTensorError

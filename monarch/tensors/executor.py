@@ -26,7 +26,7 @@ import torch
 
 from monarch.actors.hosting.server import local_server
 from monarch.broker.bodies.codec import loads
-from monarch.core.runtime import runtime
+from monarch.core.process_runtime import runtime
 from monarch.tensors import collectives, config, moving, tree
 from monarch.tensors.errors import Poison, RemoteTensorError
 from monarch.tensors.wire import Ref, resolve_func

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from monarch.actors.meshes.mesh_ops import state_of, view_of
 from monarch.broker.vocabulary import headers as hdr
-from monarch.core.runtime import Runtime, runtime
+from monarch.core.process_runtime import runtime
+from monarch.core.runtime import Runtime
 from monarch.rdma.bulk import decode_body, encode_body
 from monarch.tensors import config, tree
 from monarch.tensors.controller import controller_for

@@ -42,7 +42,7 @@ class Echo(Actor):
     @endpoint
     def direct_writes(self) -> int:
         """Messages this proc's threads wrote to the broker themselves (monarch.broker.natspy_internals.direct_write)."""
-        from monarch.core.runtime import runtime
+        from monarch.core.process_runtime import runtime
 
         direct = runtime()._direct_write
         return -1 if direct is None else direct.writes

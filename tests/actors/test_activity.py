@@ -14,7 +14,7 @@ from monarch.actors.calls.activity import (
     call_listeners,
     percentile,
 )
-from monarch.core.runtime import runtime
+from monarch.core.process_runtime import runtime
 from tests.actors.activity_actors import Busy, Hog, SlowStart
 from tests.actors.stats_requests import wait_for_actor
 from tests.helpers import proc_mesh_fixture

@@ -45,7 +45,7 @@ def test_each_threads_calls_and_sends_keep_their_order_when_threads_write_them_t
     them, in the order that thread sent them."""
     import threading
 
-    from monarch.core.runtime import runtime
+    from monarch.core.process_runtime import runtime
 
     meshes = [grid.spawn(f"thread_order{t}", Echo) for t in range(3)]
     direct = runtime()._direct_write

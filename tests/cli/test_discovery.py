@@ -53,7 +53,7 @@ JOB_SCRIPT = textwrap.dedent(
             sleepers.nap.call_one(0).get(timeout=60)
             busy = sleepers.nap.call_one(600)  # the job is busy while the test looks at it
         else:
-            from monarch.core.runtime import runtime
+            from monarch.core.process_runtime import runtime
 
             runtime()
         print("ready", flush=True)
@@ -379,7 +379,7 @@ def test_no_job_and_no_broker_says_what_to_do(home):
 
 def test_invalid_job_name_is_refused_naming_the_variable(home):
     out = subprocess.run(
-        [sys.executable, "-c", "from monarch.core.runtime import runtime; runtime()"],
+        [sys.executable, "-c", "from monarch.core.process_runtime import runtime; runtime()"],
         cwd=ROOT,
         env={**home.env, "MONARCH_JOB_NAME": "../evil"},
         capture_output=True,

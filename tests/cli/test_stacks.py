@@ -60,7 +60,7 @@ def test_a_proc_whose_loop_is_blocked_still_answers(procs, nats_url):
 
 
 def test_no_argument_shows_every_proc_and_the_client(procs, nats_url):
-    from monarch.core.runtime import runtime
+    from monarch.core.process_runtime import runtime
 
     procs.spawn("stk_all", Busy).work.call(1).get(timeout=30)
     done = stacks(nats_url)

@@ -10,7 +10,7 @@ alternated fire-and-forget sends between two meshes.
 
 from __future__ import annotations
 
-from monarch.core.runtime import runtime
+from monarch.core.process_runtime import runtime
 from tests.helpers import captured_traffic, wait_until
 
 COUNT = 3_000

@@ -25,7 +25,7 @@ from tests.hosts.netns import Lab, unavailable
 @contextlib.contextmanager
 def client_runtime_on(url: str):
     """This process's client runtime, connected to ``url`` for the duration (then as before)."""
-    from monarch.core.runtime import shutdown_runtime
+    from monarch.core.process_runtime import shutdown_runtime
     from monarch.settings import settings
 
     saved = os.environ.get("MONARCH_NATS_URL")

@@ -177,7 +177,7 @@ def test_with_the_embedded_broker_agents_get_its_token_only_in_their_environment
         import json
         from monarch.job import ProcessJob
         from tests.job.job_actors import Whereabouts
-        from monarch.core.runtime import runtime
+        from monarch.core.process_runtime import runtime
         job = ProcessJob({"hosts": 1})
         state = job.state(cached_path=None)
         agent = next(iter(job._agents.values())).pid

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from monarch.broker.bodies.codec import dumps, loads
-from monarch.core.runtime import runtime
+from monarch.core.process_runtime import runtime
 from monarch.rdma import BufferDroppedError, bulk
 from monarch.rdma.owner import current_owner, local_owner
 from tests.rdma.rdma_actors import AsyncSummary, checksum, pattern

@@ -217,7 +217,7 @@ def test_queue_pair_attributes_and_work_requests_build_without_a_device():
 
 
 def test_queue_pair_exchange_goes_over_nats(owners):
-    from monarch.core.runtime import runtime
+    from monarch.core.process_runtime import runtime
     from monarch.rdma import control
 
     class FakeVerbs:

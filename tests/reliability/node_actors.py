@@ -10,7 +10,7 @@ from monarch.actor import Actor, context, endpoint
 from monarch.actors.hosting.server import local_server
 from monarch.actors.process_state import actor_process
 from monarch.broker.vocabulary import subjects
-from monarch.core.runtime import runtime
+from monarch.core.process_runtime import runtime
 
 
 class Counter(Actor):

@@ -8,7 +8,7 @@ from typing import Any
 
 from monarch.actor import Actor, Channel, Port, endpoint
 from monarch.actors.process_state import actor_process
-from monarch.core.runtime import runtime
+from monarch.core.process_runtime import runtime
 
 
 class Sink(Actor):

@@ -171,7 +171,7 @@ import json, sys
 import monarch.actor
 from monarch.actor import this_host
 from monarch.actors.calls.gather import Gather
-from monarch.core.runtime import runtime
+from monarch.core.process_runtime import runtime
 from monarch.broker.connections import auth
 from tests.reliability.test_forgery import Holder
 
@@ -579,7 +579,7 @@ def test_without_a_key_a_gather_takes_one_reply_per_rank_from_the_actor_it_asked
 SMALL_JOB = """
 import json, os
 from monarch.actor import this_host
-from monarch.core.runtime import runtime
+from monarch.core.process_runtime import runtime
 from monarch.broker.connections import auth
 from tests.reliability.test_forgery import Holder
 pm = this_host().spawn_procs(per_host={"gpus": 2})

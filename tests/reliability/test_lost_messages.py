@@ -26,7 +26,7 @@ from monarch.actors.messaging.lost_sends import SENT
 from monarch.actors.process_state import actor_process
 from monarch.broker.bodies.codec import dumps, loads
 from monarch.broker.vocabulary import subjects
-from monarch.core.runtime import runtime
+from monarch.core.process_runtime import runtime
 from tests.reliability.node_actors import Counter
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -24,7 +24,7 @@ PRELUDE = """
     import collections, json, os, signal, threading, time
     from monarch.actor import BrokerLostError, MessageLostError, this_host
     from monarch.actors.process_state import actor_process
-    from monarch.core.runtime import runtime
+    from monarch.core.process_runtime import runtime
     from tests.reliability.node_actors import Counter
 
     nodes = {int(k): v for k, v in json.loads(os.environ["TEST_NODES"]).items()}

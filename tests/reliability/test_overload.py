@@ -183,7 +183,7 @@ def test_port_sends_to_a_stalled_proc_wait_or_are_held(tmp_path):
         _STALLED_SETUP
         + """
 from monarch.actors.process_state import actor_process
-from monarch.core.runtime import runtime
+from monarch.core.process_runtime import runtime
 out = {}
 port = sink.open_port.call_one().get(timeout=60)
 sink.stall.broadcast(5.0)

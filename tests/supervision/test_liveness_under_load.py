@@ -271,7 +271,7 @@ def test_blocked_event_loop_is_reported_as_stalled_not_dead(tmp_path, nats_url):
         import json
         import time
         from monarch.actor import Actor, context, endpoint, this_host
-        from monarch.core.runtime import runtime
+        from monarch.core.process_runtime import runtime
         from monarch.actors.hosting.supervisor import supervisor_of
 
         class Blocker(Actor):

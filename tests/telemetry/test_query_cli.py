@@ -108,7 +108,7 @@ def test_monarchs_job_enable_telemetry_turns_it_on(nats_url):
 
 
 def test_enable_telemetry_after_the_runtime_started_is_an_error(nats_url):
-    from monarch.core.runtime import runtime
+    from monarch.core.process_runtime import runtime
     from monarch.job import LocalJob, TelemetryConfig
 
     runtime()  # the test session's client, telemetry off

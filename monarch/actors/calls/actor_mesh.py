@@ -42,7 +42,8 @@ from monarch.broker.bodies.ext import register_ext
 from monarch.broker.vocabulary import subjects
 from monarch.broker.vocabulary.headers import TRACE
 from monarch.core.future import Future
-from monarch.core.runtime import LocalMsg, Runtime, runtime
+from monarch.core.process_runtime import runtime
+from monarch.core.runtime import LocalMsg, Runtime
 from monarch.rdma.bulk import encode_body
 from monarch.telemetry import recorder as _tel
 

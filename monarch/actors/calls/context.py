@@ -15,7 +15,7 @@ from typing import Any
 
 from monarch import settings as config
 from monarch.actors.meshes.shape import Extent, Point
-from monarch.core.runtime import current_runtime_or_none
+from monarch.core.process_runtime import current_runtime_or_none
 
 # this_proc(), handed in by monarch.actors.procs.proc_mesh (which builds on this module).
 _this_proc: Callable[[], Any] | None = None

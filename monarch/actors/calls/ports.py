@@ -20,7 +20,8 @@ from monarch.actors.messaging.port_flow import OVERHEAD, PortFlow, PortFlows
 from monarch.actors.process_state import actor_process
 from monarch.broker.bodies.ext import register_ext
 from monarch.core.future import Future
-from monarch.core.runtime import LocalMsg, Runtime, runtime
+from monarch.core.process_runtime import runtime
+from monarch.core.runtime import LocalMsg, Runtime
 from monarch.rdma.bulk import encode_body, fetch_async, is_reference, offload
 
 R = TypeVar("R")

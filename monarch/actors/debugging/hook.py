@@ -15,7 +15,7 @@ from typing import Any
 
 from monarch.actors.calls.context import Context, actor_context
 from monarch.actors.process_state import actor_process
-from monarch.core.runtime import current_runtime_or_none
+from monarch.core.process_runtime import current_runtime_or_none
 
 _installed = False
 

@@ -34,7 +34,8 @@ from monarch.actors.messaging import messages as m
 from monarch.actors.messaging.loss_recovery import start_loss_recovery
 from monarch.broker.bodies.codec import dumps
 from monarch.core.proc_registry import register_proc
-from monarch.core.runtime import Runtime, install_runtime, new_event_loop
+from monarch.core.process_runtime import install_runtime
+from monarch.core.runtime import Runtime, new_event_loop
 from monarch.settings import settings
 
 log = logging.getLogger("monarch.proc")

@@ -26,7 +26,8 @@ from monarch.broker.bodies.codec import dumps, loads
 from monarch.broker.connections.jetstream_setup import replicas
 from monarch.broker.vocabulary import subjects
 from monarch.core.future import Future
-from monarch.core.runtime import Runtime, runtime
+from monarch.core.process_runtime import runtime
+from monarch.core.runtime import Runtime
 
 log = logging.getLogger(__name__)
 A = TypeVar("A")

@@ -45,7 +45,7 @@ from monarch.broker.connections._pdeathsig import child_dies_with_parent
 from monarch.broker.connections.registry import HostInfo
 from monarch.broker.vocabulary import subjects
 from monarch.core.future import Future
-from monarch.core.runtime import runtime
+from monarch.core.process_runtime import runtime
 from monarch.rdma.bulk import encode_body
 from monarch.settings import settings
 

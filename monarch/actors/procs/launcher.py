@@ -26,7 +26,7 @@ from typing import Any, Protocol, TypeVar
 
 from monarch.actors.meshes.shape import Extent
 from monarch.broker.connections._pdeathsig import child_dies_with_parent
-from monarch.core.runtime import current_runtime_or_none
+from monarch.core.process_runtime import current_runtime_or_none
 from monarch.settings import settings
 
 T = TypeVar("T")

@@ -52,7 +52,8 @@ from monarch.broker.bodies.codec import PicklingForbiddenError
 from monarch.broker.bodies.ext import register_ext
 from monarch.broker.vocabulary import subjects
 from monarch.core.future import Future
-from monarch.core.runtime import Runtime, runtime
+from monarch.core.process_runtime import runtime
+from monarch.core.runtime import Runtime
 from monarch.rdma.bulk import encode_body
 from monarch.supervision.failure import MeshFailure
 
