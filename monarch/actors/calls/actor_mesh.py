@@ -1,54 +1,44 @@
 """``ActorMesh``: a reference to actors spawned on a proc mesh, and how messages reach them.
 
-A mesh reference is a view (see :mod:`monarch.actors.meshes.shape`) plus the shared
-:class:`MeshState` of the actors behind it. Sending encodes the arguments on
-the caller's thread (so a bad value fails right there), then hands one closure
-to the runtime loop, which publishes once per subject token list of the view
-(usually once: the server fans it out). Replies come back to a port of the
-caller's proc and are gathered by a :class:`~monarch.actors.calls.gather.Gather`.
+A mesh reference is a view (see :mod:`monarch.actors.meshes.shape`) plus the
+shared :class:`~monarch.actors.calls.mesh_state.MeshState` of the actors behind
+it. Sending encodes the arguments on the caller's thread (so a bad value fails
+right there), then hands one closure to the runtime loop, which publishes once
+per subject token list of the view (usually once: the server fans it out).
+Replies come back to a port of the caller's proc and are gathered by a
+:class:`~monarch.actors.calls.gather.Gather`.
+
+The reference's wire form (its msgpack ext, and pickling) stays here, beside
+the class: encoding and decoding need :class:`ActorMesh` and ``__reduce__``
+needs them, so apart they would import each other.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
 import random
-import threading
 import time
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from monarch.actors.calls.actor import class_ref, resolve_class
 from monarch.actors.calls.context import sender_id
-from monarch.actors.calls.endpoint import ActorEndpoint, EndpointProperty, endpoints_of
+from monarch.actors.calls.endpoint import ActorEndpoint
 from monarch.actors.calls.gather import Gather
 from monarch.actors.calls.instance import ADHOC
+from monarch.actors.calls.mesh_state import MeshState
 from monarch.actors.calls.tracing import traced_call, traced_cast
-from monarch.actors.errors import (
-    MeshStoppedError,
-    MessageLostError,
-    NotAnEndpointError,
-    SpawnError,
-    SupervisionError,
-    describe_actor,
-)
+from monarch.actors.errors import NotAnEndpointError, SupervisionError
 from monarch.actors.meshes.mesh_ops import MeshShapeOps
-from monarch.actors.meshes.shape import Extent, Point, View
+from monarch.actors.meshes.shape import Extent, View
 from monarch.actors.messaging import messages as m
-from monarch.actors.messaging.flow import FLOW_ENDPOINT, FlowControl, flow_settings
-from monarch.actors.messaging.rpc import request_all
+from monarch.actors.messaging.flow import FLOW_ENDPOINT
 from monarch.actors.process_state import actor_process
-from monarch.broker.bodies.codec import dumps
 from monarch.broker.bodies.ext import register_ext
-from monarch.broker.vocabulary import subjects
 from monarch.broker.vocabulary.headers import TRACE
 from monarch.core.future import Future
 from monarch.core.process_runtime import runtime
-from monarch.core.runtime import LocalMsg, Runtime
 from monarch.rdma.bulk import encode_body
 from monarch.telemetry import recorder as _tel
-
-if TYPE_CHECKING:
-    pass
 
 A = TypeVar("A")
 _log = logging.getLogger(__name__)
@@ -56,227 +46,6 @@ _log = logging.getLogger(__name__)
 
 class MessageTooLargeError(ValueError):
     """An encoded message exceeds the broker's ``max_payload``."""
-
-
-class MeshState:
-    """What every view of one actor mesh shares. Mutated on the runtime loop only."""
-
-    def __init__(
-        self, rt: Runtime, name: str, uid: str, cls: type | None, class_name: str, base: Extent
-    ) -> None:
-        self.rt = rt
-        self.name = name
-        self.uid = uid
-        self.cls = cls
-        self.class_name = class_name
-        self.base = base
-        self.endpoints: dict[str, EndpointProperty] = endpoints_of(cls) if cls is not None else {}
-        self.ready = False
-        self.error: BaseException | None = None
-        self.stopped: str | None = None  # why, once stopped
-        self.dead: dict[int, BaseException] = {}  # base rank -> why
-        self._queued: list[tuple] = []
-        self.inflight: set[Gather] = set()
-        self.proc_uids: list[str] = []  # per rank, where known (owner side)
-        self.local: Any = None  # the ActorInstance when the whole mesh is in this process
-        self.settled = threading.Event()  # spawned (or failed): references may leave now
-        self.flow = FlowControl(name, loop=rt.loop, **flow_settings(rt.settings))
-        self.owner_proc = rt.proc_uid  # where the owner lives, and who it is
-        self.owner_actor = "client"
-        # (rank, count, subject) for messages from here that its actors never got
-        # (monarch.actors.messaging.lost_sends): appended on the loop, taken by the next sender.
-        self.lost: collections.deque[tuple[int, int, str]] = collections.deque()
-        actor_process(rt).mesh_states[uid] = self
-
-    def actor_id(self, rank: int) -> str:
-        return f"{self.name}.{self.uid}[{rank}]"
-
-    def note_lost(self, rank: int, count: int, subject: str) -> None:
-        """An actor of this mesh reports messages from this process that never reached it."""
-        _log.warning(
-            "%d message(s) from this process to rank %d of actor mesh %r were lost on the way "
-            "(on %s; a broker node died?): they were not run. The next call or send on this "
-            "mesh raises MessageLostError.",
-            count,
-            rank,
-            self.name,
-            subject,
-        )
-        self.lost.append((rank, count, subject))
-
-    def raise_if_lost(self) -> None:
-        """Raise :class:`MessageLostError` for losses reported since the last call or send."""
-        if not self.lost:
-            return
-        counts: dict[int, int] = {}
-        while self.lost:
-            rank, count, _ = self.lost.popleft()
-            counts[rank] = counts.get(rank, 0) + count
-        total = sum(counts.values())
-        raise MessageLostError(
-            f"{total} message(s) this process sent to actor mesh {self.name!r} were lost on the "
-            f"way and never run (lost per rank: {dict(sorted(counts.items()))}); a broker node "
-            "died? The mesh goes on; this call or send was not made.",
-            mesh=self.name,
-            counts=counts,
-        )
-
-    # -- lifecycle (loop) ---------------------------------------------------
-
-    def mark_ready(self) -> None:
-        while self._queued:
-            queued, self._queued = self._queued, []
-            for args in queued:
-                self._publish(*args)
-        # Only now: a caller's thread that sees it may write its call itself
-        # (send_from_thread), which must not overtake the queued ones.
-        self.ready = True
-        self.settled.set()
-
-    def mark_failed(self, exc: BaseException) -> None:
-        self.error = exc
-        self.settled.set()
-        queued, self._queued = self._queued, []
-        for _tokens, _body, _headers, gather, _reply in queued:
-            if gather is not None:
-                gather.fail(exc)
-
-    def stopped_error(self, endpoint: str | None = None) -> MeshStoppedError:
-        """What a call to this stopped mesh raises, in Monarch's words (a supervision
-        event with the status ``stopped: <why>``), naming the call when known."""
-        actor = describe_actor(self.cls, self.class_name, self.name, Point(0, self.base))
-        text = f"Supervision event: actor {actor} has status:\n  stopped: {self.stopped}"
-        if endpoint:
-            text = f"Endpoint call {self.name}.{endpoint}() failed, {text}"
-        return MeshStoppedError(text)
-
-    def mark_stopped(self, reason: str) -> None:
-        if self.stopped is None:
-            self.stopped = reason
-        exc = self.stopped_error()
-        self.mark_failed(exc)
-        for gather in list(self.inflight):
-            gather.fail(exc)
-
-    def mark_dead(self, ranks: list[int], exc: BaseException) -> None:
-        for r in ranks:
-            self.dead[r] = exc
-        for gather in list(self.inflight):
-            if gather.waiting_on(ranks):
-                gather.fail(exc)
-
-    # -- sending (caller's thread) --------------------------------------------
-
-    def send_from_thread(
-        self, tokens: list[list[str]], body: bytes, headers: dict, gather: Gather
-    ) -> bool:
-        """A gathered call to one subject, written by the caller's thread itself; False:
-        nothing sent, hand it to the loop (:meth:`send`).
-
-        Only on the common path (a mesh that is up, not in this process, no rank
-        of the call known dead, no earlier call to it still unanswered: a
-        pipelining caller's burst is cheaper as the loop's one or two writes
-        than as a write per call), and only while the runtime has nothing queued
-        before it (:meth:`Runtime.publish_from_thread`): what the loop would do
-        for it here is open the reply port and stamp the count of sends so far,
-        and both are safe from this thread. Saves the loop's wake-up before the
-        write (benchmarks/NOTES.md 42).
-        """
-        if (
-            not self.ready
-            or self.inflight  # pipelined calls: the loop writes a burst in two writes, not one each
-            or self.rt.on_loop_thread()
-            or self.local is not None
-            or self.stopped is not None
-            or self.error is not None
-            or len(tokens) != 1
-            or any(r in self.dead for r in gather.expected)
-        ):
-            return False
-        rt = self.rt
-        gather.open()  # before the write: the reply may come back at once
-        subject = subjects.actor(rt.namespace, self.name, self.uid, tokens[0])
-        actor_process(rt).sends.stamp_count(subject, headers)
-        gather.resend = (subject, body, headers)
-        return rt.publish_from_thread(subject, body, headers, gather.subject)
-
-    # -- sending (loop) -------------------------------------------------------
-
-    def send(
-        self,
-        tokens: list[list[str]],
-        body: bytes,
-        headers: dict,
-        gather: Gather | None,
-        reply: str = "",
-    ) -> None:
-        if gather is not None:
-            gather.open()
-            for r in gather.expected:
-                if r in self.dead:
-                    gather.fail(self.dead[r])
-                    return
-        if self.stopped is not None:
-            if gather is not None:
-                gather.fail(self.stopped_error())
-            return
-        if self.error is not None:
-            if gather is not None:
-                gather.fail(self.error)
-            return
-        if not self.ready:
-            self._queued.append((tokens, body, headers, gather, reply))
-            return
-        self._publish(tokens, body, headers, gather, reply)
-
-    def _publish(
-        self,
-        tokens: list[list[str]],
-        body: bytes,
-        headers: dict,
-        gather: Gather | None,
-        reply: str = "",
-    ) -> None:
-        ns, rt = self.rt.namespace, self.rt
-        if gather is not None:
-            reply = gather.subject
-        if self.local is not None:
-            # Every actor of this mesh lives in this process: skip the broker. All
-            # senders in this process take this path, so their order still holds.
-            subject = subjects.actor(ns, self.name, self.uid, tokens[0])
-            self.local.deliver(LocalMsg(subject, body, reply, headers))
-            return
-        on_error = gather.fail if gather is not None else None
-        batchable = not reply  # a send: it may share one NATS message with its neighbours
-        # Numbered per subject, in wire order (monarch.actors.messaging.lost_sends); a gathered
-        # call is not counted, its loss is found by its caller (lost_replies).
-        sends = actor_process(rt).sends
-        stamp = sends.stamp if gather is None else sends.stamp_count
-        for toks in tokens:
-            subject = subjects.actor(ns, self.name, self.uid, toks)
-            numbered = headers if len(tokens) == 1 else dict(headers)
-            stamp(subject, numbered)
-            if gather is not None and len(tokens) == 1:
-                gather.resend = (subject, body, numbered)
-            rt.publish(subject, body, numbered, reply, on_error, batchable)
-
-    async def stop(self) -> None:
-        await self.stop_actors()
-
-    async def stop_actors(self) -> None:
-        """Ask each proc hosting this mesh to stop its actor (owner side)."""
-        if self.stopped is not None:
-            return
-        self.mark_stopped("stopped by its owner")
-        if not self.proc_uids:
-            return
-
-        requests = [  # ranks already dead have nobody to answer
-            (subjects.ctl_proc(self.rt.namespace, uid), dumps(self.uid), {m.KIND: "stop_mesh"})
-            for rank, uid in enumerate(self.proc_uids)
-            if rank not in self.dead
-        ]
-        await request_all(self.rt, requests, self.rt.settings.stop_timeout + 5, absent_ok=True)
 
 
 class NotAnEndpoint:
@@ -477,12 +246,6 @@ class ActorMesh(MeshShapeOps, Generic[A]):
             return
         st.rt.call_soon(st.send, tokens, body, headers, None, reply)
         self._flow(len(body))
-
-
-def spawn_error(name: str, rank: int, err: BaseException) -> SpawnError:
-    e = SpawnError(f"spawning actor mesh {name!r} failed on rank {rank}: {err}")
-    e.__cause__ = err
-    return e
 
 
 # -- references travel as their own msgpack extension type ------------------------

@@ -28,7 +28,7 @@ from monarch.telemetry import recorder as _tel
 if TYPE_CHECKING:  # annotations only: actor_mesh builds on this module
     from nats.aio.msg import Msg
 
-    from monarch.actors.calls.actor_mesh import MeshState
+    from monarch.actors.calls.mesh_state import MeshState
 
 _log = logging.getLogger(__name__)
 

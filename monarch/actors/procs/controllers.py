@@ -16,7 +16,8 @@ from nats.aio.msg import Msg
 from nats.js.errors import KeyWrongLastSequenceError
 
 from monarch.actors.calls.actor import check_actor_class, class_ref, resolve_class
-from monarch.actors.calls.actor_mesh import ActorMesh, MeshState
+from monarch.actors.calls.actor_mesh import ActorMesh
+from monarch.actors.calls.mesh_state import MeshState
 from monarch.actors.hosting.supervisor import supervisor_of
 from monarch.actors.meshes.shape import Extent, View
 from monarch.actors.messaging import messages as m

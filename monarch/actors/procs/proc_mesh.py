@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from monarch.actors.calls.actor import check_actor_class, class_ref
-from monarch.actors.calls.actor_mesh import ActorMesh, MeshState, spawn_error
+from monarch.actors.calls.actor_mesh import ActorMesh
 from monarch.actors.calls.context import (
     actor_context,
     context,
@@ -30,6 +30,7 @@ from monarch.actors.calls.context import (
     set_this_proc,
 )
 from monarch.actors.calls.endpoint import endpoints_of
+from monarch.actors.calls.mesh_state import MeshState, spawn_error
 from monarch.actors.errors import (
     MeshStoppedError,
     ProcStartError,
