@@ -8,7 +8,9 @@ start-up (:mod:`monarch.actors.hosting.proc`), the client's is started on first 
 the starter that :mod:`monarch.actors.client` hands in
 (:func:`monarch.core.process_runtime.set_starter`). Which runtime is this
 process's (:func:`~monarch.core.process_runtime.runtime`, fork handling) lives in
-:mod:`monarch.core.process_runtime`; this module is how one carries messages.
+:mod:`monarch.core.process_runtime`, and which handler a message that arrived
+goes to (ports, control kinds) in :mod:`monarch.core.dispatch`; this module is
+the connection, the loop's threads and the ordered outbox.
 
 The runtime knows NATS and nothing of actors: the actor layer plugs in what it
 needs (control kinds with :meth:`Runtime.handle_ctl_kind`, connection listeners,
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
 import logging
 import os
 import threading
@@ -31,7 +32,6 @@ from collections.abc import Callable
 from typing import Any
 
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 
 from monarch.broker.bodies import batch
 from monarch.broker.connections.connect import connect
@@ -40,18 +40,13 @@ from monarch.broker.natspy_internals.direct_write import DirectWrite
 from monarch.broker.natspy_internals.inline import run_inline
 from monarch.broker.natspy_internals.intake import subscribe_ordered
 from monarch.broker.natspy_internals.sync_publish import Publisher
-from monarch.broker.vocabulary import headers as hdr
 from monarch.broker.vocabulary import subjects
 from monarch.core.busy_poll import WAIT_HEADER, BusyPoll
-from monarch.core.flow_answers import FlowAnswers
+from monarch.core.dispatch import PortsAndControl
 from monarch.core.future import mark_loop_thread
 from monarch.settings import Settings
 
 log = logging.getLogger(__name__)
-# The pseudo port a proc answers port senders' flow markers on (monarch.actors.messaging.port_flow).
-FLOW_PORT = "flow"
-
-PortHandler = Callable[[Msg], None]
 
 
 class LocalMsg:
@@ -84,8 +79,12 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
-class Runtime:
-    """One process's connection to the system. Use :func:`monarch.core.process_runtime.runtime` to get it."""
+class Runtime(PortsAndControl):
+    """One process's connection to the system.
+
+    Use :func:`monarch.core.process_runtime.runtime` to get it. Its receiving
+    half, ports and control dispatch, is :class:`~monarch.core.dispatch.PortsAndControl`.
+    """
 
     def __init__(self, *, proc_uid: str, loop: asyncio.AbstractEventLoop, cfg: Settings) -> None:
         self.proc_uid = proc_uid
@@ -96,13 +95,7 @@ class Runtime:
         self.nc: Client | None = None
         self.is_client = False
         self.root_uid = proc_uid  # the root client's proc uid (procs learn it from the environment)
-        self._ports: dict[int, PortHandler] = {}
-        self.flow_answers = FlowAnswers()  # senders' flow markers (monarch.core.flow_answers)
-        self._port_ids = itertools.count(1)
-        self._mesh_handlers: dict[str, Callable[[Msg], None]] = {}
-        self._ctl_handler: Callable[[Msg], None] | None = None
-        # Control kinds answered here, in arrival order, before the proc's server.
-        self._ctl_kinds: dict[str, Callable[[Msg], None]] = {}
+        self._init_ports_and_control()
         self._inbox: collections.deque = collections.deque()  # calls from other threads
         self._inbox_scheduled = False
         self._draining = False  # the loop is running calls taken from the inbox
@@ -398,52 +391,3 @@ class Runtime:
                 await self.nc.flush(timeout=2)
             except Exception:
                 pass
-
-    # -- receiving -----------------------------------------------------------
-
-    def open_port(self, handler: PortHandler) -> tuple[int, str]:
-        """Register a handler for messages to a new port of this proc; (id, subject)."""
-        port_id = next(self._port_ids)
-        self._ports[port_id] = handler
-        return port_id, subjects.port(self.namespace, self.proc_uid, port_id)
-
-    def close_port(self, port_id: int) -> None:
-        self._ports.pop(port_id, None)
-
-    def _on_port(self, msg: Msg) -> None:
-        port_id = msg.subject.rsplit(".", 1)[-1]
-        handler = self._ports.get(int(port_id)) if port_id.isdigit() else None
-        if handler is None:
-            if port_id == FLOW_PORT and msg.reply:
-                # A port sender's flow marker (monarch.actors.messaging.port_flow): we have
-                # taken everything it sent before it off our intake.
-                self.publish(msg.reply, self.flow_answers.answer(msg.reply))
-                return
-            log.debug("message for closed or unknown port %s", msg.subject)
-            return
-        handler(msg)
-
-    def set_ctl_handler(self, handler: Callable[[Msg], None]) -> None:
-        """The proc's control server: every control message no kind handler takes."""
-        self._ctl_handler = handler
-
-    def handle_ctl_kind(self, kind: str, handler: Callable[[Msg], None]) -> None:
-        """Answer control messages of ``Mon-Kind: kind`` here, in arrival order.
-
-        They skip the proc's control server, so they keep their place among the
-        calls they concern (the loss-recovery probes rely on that).
-        """
-        self._ctl_kinds[kind] = handler
-
-    def _on_ctl(self, msg: Msg) -> None:
-        handler = self._ctl_kinds.get((msg.headers or {}).get(hdr.KIND, ""))
-        if handler is not None:
-            handler(msg)
-            return
-        if self._ctl_handler is None:
-            log.warning("control message %s ignored: this process hosts no actors", msg.subject)
-            return
-        self._ctl_handler(msg)
-
-    async def subscribe_mesh(self, subject: str, handler: Callable[[Msg], None]) -> Any:
-        return await subscribe_ordered(self.nc, subject, handler, self.busy_poll.on_message)

@@ -28,7 +28,7 @@ from monarch.broker.bodies.codec import dumps
 from monarch.broker.vocabulary import subjects
 from monarch.core.runtime import LocalMsg, Runtime
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("monarch.actors.calls.actor_mesh")  # its log, as before the split
 
 
 class MeshState:

@@ -26,7 +26,8 @@ from typing import Any
 
 from monarch.actors.messaging.flow import FlowControl, flow_settings
 from monarch.broker.vocabulary import subjects
-from monarch.core.runtime import FLOW_PORT, Runtime
+from monarch.core.dispatch import FLOW_PORT
+from monarch.core.runtime import Runtime
 
 OVERHEAD = 256  # bytes a port message takes at nats-server beyond its body, about
 _UNSEEN: Any = False  # a destination not seen yet (None: this proc itself, no flow control)
