@@ -50,7 +50,8 @@ STEPS = [
 
 def stamp_handovers(log: list[tuple[str, int]]) -> None:
     """Wrap the runtime's hand-over points in this process so each appends (what, ns) to ``log``."""
-    from monarch.actors.calls import gather, instance, mailbox
+    from monarch.actors.calls import gather
+    from monarch.actors.hosting import instance, mailbox
     from monarch.core.runtime import Runtime
 
     def wrap(owner: Any, name: str, label: str, after: str | None = None) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from monarch.actors.calls.mailbox import STOP, Job, LoopRunner, ThreadRunner
+from monarch.actors.hosting.mailbox import STOP, Job, LoopRunner, ThreadRunner
 
 WAIT = 10  # seconds: a bound on every wait, never an expectation
 

@@ -24,7 +24,6 @@ from monarch.actors.calls.actor import class_ref, resolve_class
 from monarch.actors.calls.context import sender_id
 from monarch.actors.calls.endpoint import ActorEndpoint
 from monarch.actors.calls.gather import Gather
-from monarch.actors.calls.instance import ADHOC
 from monarch.actors.calls.mesh_state import MeshState
 from monarch.actors.calls.tracing import traced_call, traced_cast
 from monarch.actors.errors import NotAnEndpointError, SupervisionError
@@ -34,7 +33,7 @@ from monarch.actors.messaging import messages as m
 from monarch.actors.messaging.flow import FLOW_ENDPOINT
 from monarch.actors.process_state import actor_process
 from monarch.broker.bodies.ext import register_ext
-from monarch.broker.vocabulary.headers import TRACE
+from monarch.broker.vocabulary.headers import ADHOC, TRACE
 from monarch.core.future import Future
 from monarch.core.process_runtime import runtime
 from monarch.rdma.bulk import encode_body

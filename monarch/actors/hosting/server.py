@@ -19,7 +19,7 @@ from nats.aio.msg import Msg
 import monarch.actors.calls.actor_mesh  # noqa: F401  (registers the actor mesh reference type)
 from monarch.actors.calls.actor import resolve_class
 from monarch.actors.calls.context import CreatorInstance, proc_mesh_from_fields
-from monarch.actors.calls.instance import ActorInstance
+from monarch.actors.hosting.instance import ActorInstance
 from monarch.actors.hosting.log_forwarding import apply_mode
 from monarch.actors.meshes.shape import Extent
 from monarch.actors.messaging import messages as m

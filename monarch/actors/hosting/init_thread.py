@@ -1,7 +1,7 @@
 """Where an async actor's ``__init__`` runs: a thread of its own, not the proc's loop.
 
 An actor whose endpoints are all ``async`` is served on its proc's event loop
-(:class:`~monarch.actors.calls.mailbox.LoopRunner`: no thread hop per
+(:class:`~monarch.actors.hosting.mailbox.LoopRunner`: no thread hop per
 message). Its ``__init__`` is plain Python, though, and may block: wait on an
 event, call ``.get()`` on another mesh, never return. On the loop that would
 freeze every other actor of the proc and the proc's own control messages

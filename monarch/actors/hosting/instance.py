@@ -1,7 +1,7 @@
 """The receiving side of one actor: how its messages are handled, and its life.
 
 Messages arrive from the ordered intake and are handled one at a time, in
-arrival order, by the actor's runner (see :mod:`monarch.actors.calls.mailbox`): sync
+arrival order, by the actor's runner (see :mod:`monarch.actors.hosting.mailbox`): sync
 endpoints run on the actor's own thread, so they may block (even on another
 actor's ``.get()``) without stalling the proc's loop; async endpoints run on
 the loop. ``@concurrent_endpoint`` methods are the exception: they start in
@@ -33,8 +33,6 @@ from monarch.actors.calls import activity
 from monarch.actors.calls.activity import call_listeners, tell_later
 from monarch.actors.calls.context import Context, CreatorInstance, Instance, set_context
 from monarch.actors.calls.endpoint import EndpointProperty, endpoints_of
-from monarch.actors.calls.init_thread import construct_on_thread
-from monarch.actors.calls.mailbox import Job, LoopRunner, ThreadRunner
 from monarch.actors.calls.ports import Port
 from monarch.actors.errors import (
     MalformedMessageError,
@@ -44,6 +42,8 @@ from monarch.actors.errors import (
     actor_failed_message,
     describe_actor,
 )
+from monarch.actors.hosting.init_thread import construct_on_thread
+from monarch.actors.hosting.mailbox import Job, LoopRunner, ThreadRunner
 from monarch.actors.meshes.shape import Extent, Point
 from monarch.actors.messaging import messages as m
 from monarch.actors.messaging.flow import FLOW_ENDPOINT
@@ -166,7 +166,7 @@ class ActorInstance:
         Messages delivered meanwhile wait behind it, as they wait behind
         Monarch's init message, and are refused if it raises. A sync actor
         runs it on its own thread; an async actor on a thread of its own too
-        (:mod:`monarch.actors.calls.init_thread`), so that an ``__init__`` that
+        (:mod:`monarch.actors.hosting.init_thread`), so that an ``__init__`` that
         blocks, or never returns, holds only this actor, not its proc's loop.
         """
 
