@@ -1,0 +1,169 @@
+"""How an actor answers: replies to its callers, errors, and refusals.
+
+A reply is written by the loop (:meth:`Replying._respond`), or by a sync actor's own
+thread when nothing else waits (:meth:`Replying._reply_from_thread`); each reply sent
+is kept by the process's lost-replies record, should the broker lose it. A failed or
+stopping actor refuses what it is sent (:meth:`Replying._refuse`), saying why.
+
+A mixin of :class:`~monarch.actors.hosting.instance.ActorInstance`, which holds
+the state it uses (set in its ``__init__``).
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback as tb
+from typing import Any
+
+from nats.aio.msg import Msg
+
+from monarch.actors.calls.endpoint import EndpointProperty
+from monarch.actors.errors import (
+    MalformedMessageError,
+    MeshStoppedError,
+    SupervisionError,
+    actor_failed_message,
+    describe_actor,
+)
+from monarch.actors.messaging import messages as m
+from monarch.actors.process_state import actor_process
+from monarch.rdma.bulk import offload, stays_inline
+from monarch.supervision.failure import SupervisionFailure
+
+log = logging.getLogger(__name__)
+
+
+class Replying:
+    """Answering a handled message: its reply, an error, or a refusal."""
+
+    def _respond_unknown(self, msg: Msg) -> None:
+        name = (msg.headers or {}).get(m.ENDPOINT, "")
+        err = AttributeError(
+            f"actor {self.actor_id} ({self.cls.__name__}) has no endpoint {name!r}"
+        )
+        self._respond(msg, False, m.encode_error(err), None)
+
+    def _respond(
+        self,
+        msg: Msg,
+        ok: bool,
+        body: bytes,
+        prop: EndpointProperty | None,
+        at: int | None = None,
+    ) -> None:
+        """Send a handled message's outcome (loop only); ``at``: this actor's rank in the
+        mesh or slice the message was sent to (what a ranked PortReceiver reports)."""
+        if prop is not None and prop.explicit_response_port:
+            if not ok and msg.reply:  # the caller learns why, instead of waiting
+                if self.failed is not None:
+                    self._refuse(msg)
+                else:
+                    self._publish_reply(msg.reply, "error", body)
+            return  # the endpoint answers through its port
+        if not msg.reply:
+            if not ok and prop is not None:
+                err = m.decode_error(
+                    body, actor_id=self.actor_id, rank=self.rank, endpoint=prop.name
+                )
+                if isinstance(err.exception, MalformedMessageError):
+                    log.warning("dropped a malformed message: %s", err.exception)
+                    return
+                self.fail(_with_traceback(err))  # no caller to receive it
+            return
+        if ok:  # a big reply stays here and travels out of band; the caller fetches it
+            try:
+                body = offload(body, readers=1, ttl=None)
+            except Exception as e:
+                ok, body = False, m.encode_error(e)
+        if len(body) > self.rt.max_payload:
+            too_big = ValueError(
+                f"the reply of {self.actor_id} is {len(body)} bytes, over the broker's "
+                f"max_payload of {self.rt.max_payload}"
+            )
+            ok, body = False, m.encode_error(too_big)
+        wait = bool(msg.headers and m.WAIT in msg.headers)
+        self._publish_reply(msg.reply, "reply" if ok else "error", body, wait, at)
+
+    def _reply_from_thread(self, msg: Msg, body: bytes, prop: EndpointProperty, at: int) -> bool:
+        """On the actor's thread: write a call's plain reply itself; False: nothing sent,
+        the loop answers (:meth:`_respond`).
+
+        Only a return value that travels in the message, to a caller that waits
+        on it, when no other message waits for this actor (replies to a burst
+        of calls are cheaper as the loop's few writes than as one write each),
+        and while the runtime has nothing queued before it
+        (:meth:`Runtime.publish_from_thread`): what ``_respond`` would do for it
+        is this, and it saves the loop's wake-up before the write
+        (benchmarks/NOTES.md 42).
+        """
+        if (
+            not msg.reply
+            or not self._runner.idle()  # type: ignore[union-attr]  (a burst: the loop batches)
+            or prop.explicit_response_port
+            or self.failed is not None
+            or not stays_inline(len(body))
+            or len(body) > self.rt.max_payload
+        ):
+            return False
+        wait = bool(msg.headers and m.WAIT in msg.headers)
+        headers = self._reply_headers("reply", wait, at)
+        replies = actor_process(self.rt).replies
+        if replies is not None:
+            # kept, should it be lost (if the loop sends it after all, its own call of
+            # sent() finds the call answered already and keeps nothing twice)
+            replies.sent(msg.reply, self.rank, body, headers)
+        return self.rt.publish_from_thread(msg.reply, body, headers)
+
+    def _reply_headers(self, kind: str, wait: bool, at: int | None) -> dict[str, str]:
+        headers = {m.KIND: kind, m.RANK: str(self.rank), m.FROM: self.actor_id}
+        if at is not None and at != self.rank:  # sent to a slice: the rank within it
+            headers[m.MSG_RANK] = str(at)
+        if wait:  # the caller blocks on this reply (see monarch.core.busy_poll)
+            headers[m.WAIT] = "one"
+        return headers
+
+    def _publish_reply(
+        self, subject: str, kind: str, body: bytes, wait: bool = False, at: int | None = None
+    ) -> None:
+        headers = self._reply_headers(kind, wait, at)
+        replies = actor_process(self.rt).replies
+        if replies is not None:
+            replies.sent(subject, self.rank, body, headers)  # kept, should it be lost
+        self.rt.publish(subject, body, headers)
+
+    def _refuse(self, msg: Msg) -> None:
+        if not getattr(msg, "reply", None):
+            return
+        if self.failed is not None:
+            err: Exception = SupervisionError(
+                actor_failed_message(self._describe(), failure_reason(self.actor_id, self.failed)),
+                actor_id=self.actor_id,
+                rank=self.rank,
+            )
+        else:
+            err = MeshStoppedError(f"actor {self.actor_id} is stopping")
+        self._publish_reply(msg.reply, "error", m.encode_error(err))
+
+    def _describe(self) -> str:
+        return describe_actor(self.cls, "", self.name, self.point)
+
+
+def failure_reason(actor_id: str, exc: BaseException) -> str:
+    """Why an actor failed, for its callers: the exception and, when known, its traceback."""
+    if isinstance(exc, SupervisionFailure):
+        return f"{actor_id} did not handle a failure of a mesh it owns:\n{exc.failure.report()}"
+    head = f"{actor_id} failed: {type(exc).__name__}: {exc}"
+    text = getattr(exc, "_monarch_traceback", None)
+    if not text and exc.__traceback__ is not None:
+        text = "".join(tb.format_exception(type(exc), exc, exc.__traceback__))
+    return f"{head}\n{text}" if text else head
+
+
+def _with_traceback(err: Any) -> BaseException:
+    """The endpoint's exception, keeping the remote traceback text for the report."""
+    exc = err.exception
+    try:
+        exc._monarch_traceback = err.traceback
+    except Exception:
+        pass
+    return exc
