@@ -39,7 +39,9 @@ from monarch.actors.procs.launcher import (
     on_launcher_thread,
     proc_env,
 )
-from monarch.actors.procs.proc_mesh import ProcMesh, ProcMeshState, owned_by_caller, set_this_host
+from monarch.actors.procs.proc_mesh import ProcMesh, owned_by_caller
+from monarch.actors.procs.proc_mesh_ref import set_this_host
+from monarch.actors.procs.proc_mesh_state import ProcMeshState
 from monarch.broker.bodies.ext import register_ext
 from monarch.broker.connections._pdeathsig import child_dies_with_parent
 from monarch.broker.connections.registry import HostInfo
