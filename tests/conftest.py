@@ -39,7 +39,7 @@ def nats_url():
     settings.cache_clear()
     # The client's proc zygote lives as long as the session: start it before any
     # test counts its processes.
-    from monarch.actors.procs.launcher import ensure_zygote
+    from monarch.actors.procs.zygote_client import ensure_zygote
     from monarch.core.process_runtime import runtime
 
     runtime()

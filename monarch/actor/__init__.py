@@ -55,8 +55,9 @@ from monarch.actors.errors import (
 )
 from monarch.actors.meshes.shape import Extent, Point
 from monarch.actors.meshes.value_mesh import ValueMesh
+from monarch.actors.procs.command_launcher import default_bootstrap_cmd
 from monarch.actors.procs.controllers import get_or_spawn_controller
-from monarch.actors.procs.host_mesh import HostMesh, default_bootstrap_cmd, this_host
+from monarch.actors.procs.host_mesh import HostMesh, this_host
 from monarch.actors.procs.proc_mesh import ProcMesh, this_proc
 from monarch.broker.connections.connect import BrokerConnectionError
 from monarch.core.future import Future

@@ -32,7 +32,8 @@ from monarch.actors.hosting.supervisor import start_supervision
 from monarch.actors.hosting.telemetry import start_telemetry
 from monarch.actors.messaging.loss_recovery import start_loss_recovery
 from monarch.actors.procs.controllers import get_or_spawn_here
-from monarch.actors.procs.launcher import prestart_zygote, run_on_launcher_thread
+from monarch.actors.procs.launcher_thread import run_on_launcher_thread
+from monarch.actors.procs.zygote_client import prestart_zygote
 from monarch.broker.connections import job_records
 from monarch.broker.connections.auth import job_key
 from monarch.broker.connections.server import EmbeddedBroker

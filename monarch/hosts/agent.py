@@ -24,8 +24,6 @@ import os
 import re
 import socket
 import subprocess
-import sys
-import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -35,7 +33,7 @@ from nats.aio.msg import Msg
 from monarch.actors.errors import process_exit_reason
 from monarch.actors.meshes.shape import Extent
 from monarch.actors.messaging import messages as m
-from monarch.actors.procs.launcher import proc_env
+from monarch.actors.procs.launcher import popen_proc, proc_command, proc_env, reap_in_thread
 from monarch.broker.bodies.codec import dumps, loads
 from monarch.broker.connections._pdeathsig import child_dies_with_parent
 from monarch.broker.connections.registry import HOST_UID_ENV, HOSTS, PROCS, HostInfo, open_bucket
@@ -240,9 +238,7 @@ class HostAgent:
                     uid, self._popen(uid, spec, extent, rank), spec["owner"], spec["exits"]
                 )
                 self.children[uid] = child
-                threading.Thread(
-                    target=self._reap, args=(child,), name=f"reaper-{uid}", daemon=True
-                ).start()
+                reap_in_thread(child.popen, f"reaper-{uid}", functools.partial(self._reap, child))
                 started[uid] = child.popen.pid
         except BaseException:
             for uid in started:
@@ -268,28 +264,15 @@ class HostAgent:
             env["CUDA_VISIBLE_DEVICES"] = p.visible_device(
                 os.environ.get("CUDA_VISIBLE_DEVICES"), coord
             )
-        cmd = [
-            sys.executable,
-            "-m",
-            "monarch.actors.hosting.proc",
-            "--uid",
-            uid,
-            "--ready",
-            spec["ready"],
-        ]
         tie = functools.partial(child_dies_with_parent, os.getpid())
-        return subprocess.Popen(
-            cmd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=tie if self.cfg.die_with_parent else None,
-            start_new_session=True,  # a Ctrl-C at the agent's terminal is for the agent
+        # its own session: a Ctrl-C at the agent's terminal is for the agent
+        return popen_proc(
+            proc_command(uid, spec["ready"]), env, tie if self.cfg.die_with_parent else None
         )
 
     # -- ends -----------------------------------------------------------------------
 
-    def _reap(self, child: Child) -> None:
-        code = child.popen.wait()
+    def _reap(self, child: Child, code: int) -> None:
         with contextlib.suppress(RuntimeError):  # loop closed: nobody left to tell
             self.loop.call_soon_threadsafe(self._exited, child, code)
 

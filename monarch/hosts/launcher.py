@@ -1,6 +1,6 @@
 """``AgentLauncher``: a proc mesh's procs, started by host agents instead of by us.
 
-It has :class:`~monarch.actors.procs.launcher.LocalLauncher`'s interface, so
+It has :class:`~monarch.actors.procs.local_launcher.LocalLauncher`'s interface, so
 :class:`~monarch.actors.procs.proc_mesh_state.ProcMeshState` drives both the same way.
 Proc rank ``r`` of a mesh with ``n`` procs per host runs on host ``r // n``.
 The handles it returns have no ``popen``: a proc's end arrives as an ``exit``

@@ -24,7 +24,7 @@ from monarch.actor import (
     this_host,
     this_proc,
 )
-from monarch.actors.procs.host_mesh import BootstrapCommand, default_bootstrap_cmd
+from monarch.actors.procs.command_launcher import BootstrapCommand, default_bootstrap_cmd
 from tests.actors.ref_actors import (
     Box,
     Hop,

@@ -194,9 +194,9 @@ def test_procs_get_rank_environment(echo):
 
 
 def test_procs_are_forked_from_the_zygote(echo):
-    from monarch.actors.procs import launcher
+    from monarch.actors.procs import zygote_client
 
-    zygote = launcher._the_zygote
+    zygote = zygote_client._the_zygote
     assert zygote is not None and zygote.popen.poll() is None
     # The zygote itself, or (once it has imported torch) its torch zygote.
     forkers = {zygote.popen.pid, zygote.torch_zygote}

@@ -108,7 +108,7 @@ import json, os, signal, sys, time
 from pathlib import Path
 import monarch.actor
 from monarch.actor import Actor, endpoint, this_host
-from monarch.actors.procs import launcher
+from monarch.actors.procs import zygote_client
 
 failures = []
 monarch.actor.unhandled_fault_hook = failures.append
@@ -125,7 +125,7 @@ while not with_torch["torch"] and time.monotonic() < deadline:
     time.sleep(0.5)  # > zygote.PRELOAD_WHEN_IDLE: only an idle zygote forks its torch zygote
     more = this_host().spawn_procs(per_host={"gpus": 1})
     with_torch = more.spawn("more", Where).where.call_one().get(timeout=30)
-torch_zygote = launcher._the_zygote.torch_zygote
+torch_zygote = zygote_client._the_zygote.torch_zygote
 os.kill(torch_zygote, signal.SIGKILL)  # as the OOM killer would
 while time.monotonic() < deadline:
     try:
@@ -180,7 +180,7 @@ def test_when_the_torch_zygote_dies_the_first_zygote_forks_again(tmp_path, nats_
 _CLIENT_IMPORTS_TORCH_LATER = """
 import json, os, sys, time
 from monarch.actor import Actor, endpoint, this_host
-from monarch.actors.procs import launcher
+from monarch.actors.procs import zygote_client
 from tests.helpers import descendants
 
 
@@ -203,7 +203,7 @@ if sys.argv[1] == "torch-first":
 before = spawn_one("before")
 time.sleep(1.0)  # idle: a zygote that wanted torch would fork its torch zygote now
 idle = spawn_one("idle")
-no_torch_zygote = torch_zygotes() == [] and launcher._the_zygote.torch_zygote is None
+no_torch_zygote = torch_zygotes() == [] and zygote_client._the_zygote.torch_zygote is None
 import torch  # now the script works with tensors
 deadline = time.monotonic() + float(sys.argv[2])
 after = spawn_one("after")

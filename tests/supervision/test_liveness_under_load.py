@@ -480,10 +480,10 @@ def test_procs_forked_once_the_zygote_is_idle_have_torch_already(nats_url):
     import torch  # noqa: F401  (a test dependency: the zygote imports it when installed)
 
     from monarch.actor import this_host
-    from monarch.actors.procs import launcher
+    from monarch.actors.procs import zygote_client
     from tests.actors.actors_for_tests import Echo
 
-    zygote = launcher._the_zygote
+    zygote = zygote_client._the_zygote
     assert zygote is not None and zygote.popen.poll() is None
 
     def zygote_has_torch() -> bool:

@@ -7,7 +7,7 @@ forks a child for each proc asked for: the child inherits the imported
 modules and runs the proc's main.
 
 For a client that works with torch (it has imported it; ``MONARCH_PRELOAD_TORCH``,
-see :func:`monarch.actors.procs.launcher.wants_torch`), once no fork has been
+see :func:`monarch.actors.procs.zygote_client.wants_torch`), once no fork has been
 asked for during ``PRELOAD_WHEN_IDLE`` seconds, it forks a second zygote that
 imports torch (when installed) and, once that is done, hands it the requests
 that want torch: a proc then has torch already, and the first tensor it
