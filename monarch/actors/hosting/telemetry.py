@@ -25,11 +25,13 @@ import time
 from typing import Any
 
 from monarch.actors.calls.activity import FLOW_MARKER, call_listeners
+from monarch.actors.calls.context import actor_context
 from monarch.broker.connections.connect import connect
 from monarch.broker.vocabulary import subjects
 from monarch.core.runtime import Runtime
 from monarch.telemetry import recorder as tel
 from monarch.telemetry.flusher import Flusher
+from monarch.telemetry.log_events import set_actor_id_source
 from monarch.telemetry.meter import collect_all, get_meter, key_of
 from monarch.telemetry.otlp import OtlpExporter, otlp_endpoint
 from monarch.telemetry.stream import decode_batch, ensure_stream
@@ -121,6 +123,15 @@ async def start_telemetry(rt: Runtime, *, client: bool) -> None:
             await exporter()
 
     rt.on_close(close)
+
+
+def _running_actor_id() -> str | None:
+    """The id of the actor whose code runs now (a TracingForwarder's ``actor_id``)."""
+    ctx = actor_context()
+    return str(ctx.actor_instance.actor_id) if ctx is not None else None
+
+
+set_actor_id_source(_running_actor_id)
 
 
 def _unset(*_: Any) -> None:  # the recorder's output until the flusher sets its own
