@@ -77,3 +77,21 @@ def test_attach_refuses_other_schemes_clearly(nats_url):
     assert out["started"] is False
     for key in ("ipc", "bare"):
         assert out[key].startswith("ValueError") and "nats://" in out[key], out
+
+
+class _Idle(public.Actor):
+    @public.endpoint
+    def ping(self) -> int:
+        return 1
+
+
+def test_actor_mesh_stop_takes_a_reason_that_later_calls_are_told(nats_url):
+    procs = public.this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        mesh = procs.spawn("idle", _Idle)
+        assert mesh.ping.call_one().get(timeout=60) == 1
+        mesh.stop("stopped by the example").get(timeout=60)
+        with pytest.raises(Exception, match="stopped by the example"):
+            mesh.ping.call_one().get(timeout=60)
+    finally:
+        procs.stop().get(timeout=60)

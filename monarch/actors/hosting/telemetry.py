@@ -114,7 +114,10 @@ async def start_telemetry(rt: Runtime, *, client: bool) -> None:
         # The last flush (everything recorded until now; still on, so histograms keep
         # their values for the exporter), confirmed by the broker before the main
         # connection closes and the process reports its end.
-        await asyncio.get_running_loop().run_in_executor(None, flusher.stop)
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, flusher.stop)
+        except RuntimeError:  # closed at interpreter exit: no executor any more
+            flusher.stop()
         tel.stop()
         _paused.clear()
         _flusher.clear()
