@@ -116,3 +116,41 @@ def test_a_batch_without_logs_still_decodes():
     assert [r["type"] for r in records] == ["metric"]
     _, rows = query(load(records), "SELECT count(*) FROM logs")
     assert rows == [(0,)]
+
+
+def test_log_records_reach_an_otlp_receiver_as_span_events(nats_url):
+    import threading
+
+    from tests.telemetry.test_otlp import Receiver
+
+    receiver = Receiver()
+    thread = threading.Thread(target=receiver.serve_forever, daemon=True)
+    thread.start()
+    try:
+        ids = _run(
+            nats_url,
+            new_namespace(),
+            "otlp-logs",
+            MONARCH_TELEMETRY="1",
+            OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url,
+        )
+    finally:
+        receiver.shutdown()
+        receiver.server_close()
+        thread.join(10)
+    logs = [s for s in receiver.spans if s.name == "log tests.telemetry.forwarded"]
+    messages = sorted(e.name for s in logs for e in s.events)
+    assert messages == [
+        "otlp-logs from rank 0",
+        "otlp-logs from rank 1",
+        "otlp-logs from the client",
+    ]
+    actors = sorted(
+        kv.value.string_value for s in logs for kv in s.attributes if kv.key == "monarch.actor_id"
+    )
+    assert actors == ids
+    for span in logs:
+        assert span.start_time_unix_nano == span.end_time_unix_nano > 0
+        (event,) = span.events
+        keys = {kv.key for kv in event.attributes}
+        assert {"log.severity", "log.logger", "code.filepath", "code.lineno"} <= keys
