@@ -28,9 +28,9 @@ from monarch.actors.calls.endpoint import (
 from monarch.actors.calls.endpoint import ActorEndpoint as Endpoint
 from monarch.actors.calls.ports import Channel, Port, PortReceiver
 from monarch.actors.calls.user_spans import span, traced
+from monarch.actors.client import attach, shutdown_context
 from monarch.actors.client import default_unhandled_fault_hook as unhandled_fault_hook
 from monarch.actors.client import set_fault_hook_source as _set_fault_hook_source
-from monarch.actors.client import shutdown_context
 from monarch.actors.compat import (
     ChannelTransport,
     debug_controller,
@@ -77,6 +77,7 @@ __all__ = [
     "Accumulator",
     "Actor",
     "ActorError",
+    "attach",
     "ActorMesh",
     "BrokerConnectionError",
     "BrokerLostError",

@@ -42,6 +42,7 @@ from monarch.core.future import Future
 from monarch.core.process_runtime import (
     current_runtime_or_none,
     install_runtime,
+    runtime,
     set_starter,
     shutdown_runtime,
 )
@@ -55,6 +56,8 @@ _embedded_url: str | None = None  # the URL of the broker this process started, 
 _parents_url: str | None = None  # in a forked child: the parent's embedded broker, not ours
 _atexit_registered = False
 _lost_timeout_set: list[str] = []  # the MONARCH_BROKER_LOST_TIMEOUT we set for our procs
+_attached: str | None = None  # the broker URL attach() gave, once it did
+_ATTACH_SCHEMES = ("nats", "tls", "tcp")
 
 
 def embedded_broker_url() -> str | None:
@@ -303,6 +306,53 @@ def shutdown_context() -> Future[None]:
 
     threading.Thread(target=run, name="monarch-shutdown", daemon=True).start()
     return fut
+
+
+def _broker_url(addr: str) -> str:
+    """``addr`` as a NATS URL; ``tcp://host:port`` is ``nats://host:port``."""
+    scheme, sep, rest = addr.partition("://")
+    if not sep or scheme.lower() not in _ATTACH_SCHEMES or not rest.strip("/"):
+        raise ValueError(
+            f"attach({addr!r}): the address must be a NATS broker's URL, "
+            "nats://host:port or tls://host:port (tcp://host:port is read as nats://host:port)"
+        )
+    return f"nats://{rest}" if scheme.lower() == "tcp" else addr
+
+
+def attach(addr: str) -> None:
+    """Make this process a client of the job whose NATS broker is at ``addr``, and start it.
+
+    Monarch 0.7's ``attach`` bootstraps the client through a remote gateway; in
+    ours every process reaches its job over NATS, so the gateway is the broker:
+    the client's runtime connects to ``addr`` instead of starting a broker of its
+    own, and the procs it starts use it too. Call it before anything starts the
+    client. Attaching again to the same address does nothing; another address,
+    or a client already started here without attach, raises ``RuntimeError``.
+    """
+    global _attached
+    url = _broker_url(addr)
+    rt = current_runtime_or_none()
+    if _attached is not None and _attached != url:
+        raise RuntimeError(f"this client is already attached to {_attached}, not {url}")
+    if rt is not None and _attached is None:
+        raise RuntimeError(
+            "attach() must come before the client starts: this process already runs "
+            "its client (on a broker it chose itself)"
+        )
+    if rt is not None:
+        return  # attached to this address and running
+    before = os.environ.get("MONARCH_NATS_URL")
+    _attached = url
+    os.environ["MONARCH_NATS_URL"] = url  # start_client reads it; our procs inherit it
+    try:
+        runtime()
+    except BaseException:
+        _attached = None
+        if before is None:
+            os.environ.pop("MONARCH_NATS_URL", None)
+        else:
+            os.environ["MONARCH_NATS_URL"] = before
+        raise
 
 
 set_starter(start_client)

@@ -105,6 +105,8 @@ class OtlpExporter:
                         self._span(rec)
                     elif rec.get("type") == "metric":
                         self._metric(rec)
+                    elif rec.get("type") == "log":
+                        self._log(rec)
                 except Exception:
                     log.exception("could not export a telemetry record to OTLP")
 
@@ -133,6 +135,25 @@ class OtlpExporter:
         if rec.get("ok") is False:
             span.set_status(trace.Status(trace.StatusCode.ERROR))
         span.end(end_time=int(rec["end"] * 1e9))
+
+    def _log(self, rec: dict[str, Any]) -> None:
+        """A log record: a zero-length span named ``log <logger>`` holding one span event
+        (the message, at the record's time, with level, logger and source as attributes)."""
+        when = int(rec["time"] * 1e9)
+        attributes = {
+            f"monarch.{k}": rec[k] for k in ("proc", "actor_id") if rec.get(k) is not None
+        }
+        span = self.tracer.start_span(
+            f"log {rec.get('logger') or ''}".strip(), start_time=when, attributes=attributes
+        )
+        event = {
+            "log.severity": rec.get("level") or "",
+            "log.logger": rec.get("logger") or "",
+            "code.filepath": rec.get("pathname") or "",
+            "code.lineno": int(rec.get("lineno") or 0),
+        }
+        span.add_event(str(rec.get("message")), attributes=event, timestamp=when)
+        span.end(end_time=when)
 
     def _metric(self, rec: dict[str, Any]) -> None:
         kind, name, scope = rec.get("kind"), rec.get("name"), rec.get("scope") or "monarch"

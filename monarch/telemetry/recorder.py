@@ -51,6 +51,10 @@ CALL_FIELDS = (
 deliver and handle spans of one call, made by the reader
 (:func:`monarch.telemetry.stream.decode_batch`), so the process pays for one record."""
 
+LOG_FIELDS = ("time", "actor_id", "level", "logger", "message", "pathname", "lineno")
+"""The fields of a log record (:mod:`monarch.telemetry.log_events`), as :meth:`Recorder.log`
+takes it and a batch's ``logs`` carry it (the batch's ``proc`` is each record's proc)."""
+
 CHUNK = 500
 """Spans per batch message. The flusher lets the GIL go between chunks: packing one
 takes about 0.2 ms, the longest a busy loop thread waits for the flusher's thread."""
@@ -80,6 +84,8 @@ class Recorder:
         # Records of finished calls (CALL_FIELDS): the actor's thread appends one tuple it
         # already has, nothing more; published as they are (the reader makes the spans).
         self._calls: collections.deque[tuple] = collections.deque()
+        # Log records (LOG_FIELDS) a TracingForwarder handed in; off the message path.
+        self._logs: collections.deque[tuple] = collections.deque()
         self.call_filter: Callable[[list[tuple]], list[tuple]] | None = None  # at each flush
         # Given each flush's call records, as span_listeners are given its spans.
         self.call_listeners: list[Callable[[list[tuple]], None]] = []
@@ -131,6 +137,14 @@ class Recorder:
             self._waking = True
             self._wake()
 
+    def log(self, record: tuple) -> None:
+        """Record one log record (a tuple in :data:`LOG_FIELDS` order). Any thread."""
+        logs = self._logs
+        logs.append(record)
+        if len(logs) >= self._batch and not self._waking:
+            self._waking = True
+            self._wake()
+
     def flush(self) -> int:
         """Publish what waits (spans, then the metric points of this interval); one thread at a time.
 
@@ -168,16 +182,25 @@ class Recorder:
                 log.exception("a telemetry collector failed")
         for i in range(0, len(points), CHUNK):
             self._publish_batch([], [], points[i : i + CHUNK])
-        return len(spans) + len(raw) + len(points)
+        logs = [self._logs.popleft() for _ in range(len(self._logs))]
+        for i in range(0, len(logs), CHUNK):
+            self._publish_batch([], [], [], logs[i : i + CHUNK])
+        return len(spans) + len(raw) + len(points) + len(logs)
 
     def _publish_batch(
-        self, spans: list[tuple], calls: list[tuple], points: list[dict[str, Any]]
+        self,
+        spans: list[tuple],
+        calls: list[tuple],
+        points: list[dict[str, Any]],
+        logs: list[tuple] | None = None,
     ) -> None:
         for point in points:
             point["proc"] = self.proc
-        count = len(spans) + len(calls) + len(points)
+        count = len(spans) + len(calls) + len(points) + len(logs or ())
         body = {"proc": self.proc, "span_fields": SPAN_FIELDS, "spans": spans,
                 "call_fields": CALL_FIELDS, "calls": calls, "metrics": points}  # fmt: skip
+        if logs:  # only batches of logs carry them: readers of older batches see none
+            body["log_fields"], body["logs"] = LOG_FIELDS, logs
         headers = {hdr.KIND: "telemetry", hdr.FROM: self.proc, hdr.COUNT: str(count)}
         try:
             self._publish(msgpack.packb(body, default=str), headers)

@@ -50,6 +50,16 @@ TABLES: dict[str, list[tuple[str, str, str]]] = {
         ("buckets", "TEXT", "histograms: counts per bucket, a JSON array"),
         ("bounds", "TEXT", "histograms: the buckets' upper bounds, a JSON array"),
     ],
+    "logs": [
+        ("time", "REAL", "when the record was made, seconds since the epoch"),
+        ("proc", "TEXT", "uid of the process that logged it"),
+        ("actor_id", "TEXT", "the actor whose code logged it (NULL: the process's own code)"),
+        ("level", "TEXT", "DEBUG, INFO, WARNING, ERROR or CRITICAL"),
+        ("logger", "TEXT", "the logger's name"),
+        ("message", "TEXT", "the formatted message"),
+        ("pathname", "TEXT", "the source file of the logging call"),
+        ("lineno", "INTEGER", "its line"),
+    ],
 }
 
 
@@ -91,17 +101,21 @@ def load(records: Iterable[dict[str, Any]]) -> sqlite3.Connection:
     db = sqlite3.connect(":memory:")
     for table, cols in TABLES.items():
         db.execute(f"CREATE TABLE {table} ({', '.join(f'{n} {t}' for n, t, _ in cols)})")
-    spans, metrics = [], []
+    spans, metrics, logs = [], [], []
+    log_cols = [name for name, _, _ in TABLES["logs"]]
     for rec in records:
         kind = rec.get("type")
         if kind == "span":
             spans.append(_span_row(rec))
         elif kind == "metric":
             metrics.append(_metric_row(rec))
+        elif kind == "log":
+            logs.append(tuple(rec.get(name) for name in log_cols))
     db.executemany(f"INSERT INTO spans VALUES ({', '.join('?' * len(TABLES['spans']))})", spans)
     db.executemany(
         f"INSERT INTO metrics VALUES ({', '.join('?' * len(TABLES['metrics']))})", metrics
     )
+    db.executemany(f"INSERT INTO logs VALUES ({', '.join('?' * len(log_cols))})", logs)
     db.commit()
     return db
 

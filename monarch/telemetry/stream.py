@@ -63,7 +63,7 @@ async def ensure_stream(nc: Client, namespace: str, max_bytes: int, max_age: flo
 
 def decode_batch(data: bytes) -> list[dict[str, Any]]:
     """The records of one batch (:meth:`~monarch.telemetry.recorder.Recorder.flush`), each a
-    dict with ``type`` ``span`` or ``metric``; a body that is not a batch gives none.
+    dict with ``type`` ``span``, ``metric`` or ``log``; a body that is not a batch gives none.
 
     A finished call's record becomes its deliver span (when its delivery time is
     known) and its handle span, here rather than in the process that recorded it.
@@ -75,6 +75,10 @@ def decode_batch(data: bytes) -> list[dict[str, Any]]:
         if batch.get("calls"):
             records += _spans_of_calls(batch["proc"], batch["call_fields"], batch["calls"])
         records += [dict(point, type="metric") for point in batch["metrics"]]
+        if batch.get("logs"):  # absent from batches without logs (and from older writers)
+            proc, log_fields = batch["proc"], batch["log_fields"]
+            records += [dict(zip(log_fields, entry), proc=proc, type="log")
+                        for entry in batch["logs"]]  # fmt: skip
     except Exception:
         return []
     return records

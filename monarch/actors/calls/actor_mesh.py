@@ -118,10 +118,13 @@ class ActorMesh(MeshShapeOps, Generic[A]):
         any picklable value (a dataclass, an object holding a list of meshes...)."""
         return (_decode_mesh, (_encode_mesh(self),))
 
-    def stop(self) -> Future[None]:
-        """Stop these actors (not their procs): queued messages are handled, then ``__cleanup__``."""
+    def stop(self, reason: str = "stopped by its owner") -> Future[None]:
+        """Stop these actors (not their procs): queued messages are handled, then ``__cleanup__``.
+
+        ``reason`` is what a later call to the mesh is told (Monarch 0.7's argument).
+        """
         st = self._state
-        return Future(st.rt.run_coro(st.stop_actors()))
+        return Future(st.rt.run_coro(st.stop_actors(reason)))
 
     # -- sending (caller's thread) ---------------------------------------------
 

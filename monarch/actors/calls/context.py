@@ -129,8 +129,12 @@ class Instance:
             )
         return self.proc
 
-    def stop(self) -> None:
-        """Stop this actor once the message it is handling is done."""
+    def stop(self, reason: str | None = None) -> None:
+        """Stop this actor once the message it is handling is done.
+
+        ``reason`` is accepted as in Monarch 0.7 (``actor_instance.stop("done")``); ours
+        stops the actor the same way whatever it says.
+        """
         if self._stop is None:
             raise RuntimeError("the client cannot stop itself this way; use shutdown_context()")
         self._stop()

@@ -236,11 +236,11 @@ class MeshState:
     async def stop(self) -> None:
         await self.stop_actors()
 
-    async def stop_actors(self) -> None:
+    async def stop_actors(self, reason: str = "stopped by its owner") -> None:
         """Ask each proc hosting this mesh to stop its actor (owner side)."""
         if self.stopped is not None:
             return
-        self.mark_stopped("stopped by its owner")
+        self.mark_stopped(reason)
         if not self.proc_uids:
             return
 

@@ -25,11 +25,13 @@ import time
 from typing import Any
 
 from monarch.actors.calls.activity import FLOW_MARKER, call_listeners
+from monarch.actors.calls.context import actor_context
 from monarch.broker.connections.connect import connect
 from monarch.broker.vocabulary import subjects
 from monarch.core.runtime import Runtime
 from monarch.telemetry import recorder as tel
 from monarch.telemetry.flusher import Flusher
+from monarch.telemetry.log_events import set_actor_id_source
 from monarch.telemetry.meter import collect_all, get_meter, key_of
 from monarch.telemetry.otlp import OtlpExporter, otlp_endpoint
 from monarch.telemetry.stream import decode_batch, ensure_stream
@@ -112,7 +114,10 @@ async def start_telemetry(rt: Runtime, *, client: bool) -> None:
         # The last flush (everything recorded until now; still on, so histograms keep
         # their values for the exporter), confirmed by the broker before the main
         # connection closes and the process reports its end.
-        await asyncio.get_running_loop().run_in_executor(None, flusher.stop)
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, flusher.stop)
+        except RuntimeError:  # closed at interpreter exit: no executor any more
+            flusher.stop()
         tel.stop()
         _paused.clear()
         _flusher.clear()
@@ -121,6 +126,15 @@ async def start_telemetry(rt: Runtime, *, client: bool) -> None:
             await exporter()
 
     rt.on_close(close)
+
+
+def _running_actor_id() -> str | None:
+    """The id of the actor whose code runs now (a TracingForwarder's ``actor_id``)."""
+    ctx = actor_context()
+    return str(ctx.actor_instance.actor_id) if ctx is not None else None
+
+
+set_actor_id_source(_running_actor_id)
 
 
 def _unset(*_: Any) -> None:  # the recorder's output until the flusher sets its own
