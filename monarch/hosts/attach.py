@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -33,6 +34,8 @@ from monarch.hosts import dial_in
 from monarch.hosts.agent import run_agent
 from monarch.hosts.launcher import AgentLauncher
 from monarch.settings import settings
+
+log = logging.getLogger(__name__)
 
 _POLL = 0.1  # seconds between looks at the registry while waiting
 
@@ -169,14 +172,39 @@ def attach_to_workers(
 
     ``workers``: agent names, uids or addresses (``str`` or ``Future[str]``), in
     mesh order; ``hosts``: just a count; neither: every live agent. ``labels``
-    keeps agents started with all of those ``--labels``. Raises TimeoutError
-    after ``timeout`` seconds, or sooner for an address whose worker does not
-    take the client's settings within ``mesh_attach_config_timeout``
-    (``monarch.configure``; ``MONARCH_ATTACH_TIMEOUT``; read at each call). TLS is the broker's business here: ``ca`` and
-    ``private_key`` must stay at their defaults (use ``MONARCH_NATS_TLS_*``).
+    keeps agents started with all of those ``--labels``. Hosts not found within
+    ``timeout`` seconds, or an address whose worker does not take the client's
+    settings within ``mesh_attach_config_timeout`` (``monarch.configure``;
+    ``MONARCH_ATTACH_TIMEOUT``; read at each call), give a mesh whose
+    ``initialized`` and ``spawn_procs`` raise a ``TimeoutError`` naming them,
+    as Monarch's (which checks at ``initialized``); it is logged as a warning
+    too (:func:`attach_host_mesh` raises it instead). Wrong arguments raise
+    here. TLS is the broker's business here: ``ca`` and ``private_key`` must
+    stay at their defaults (use ``MONARCH_NATS_TLS_*``).
     """
     del name  # Monarch's name for the mesh; ours are found by their agents' names
     _refuse_monarch_tls(ca, private_key)
+    try:
+        return attach_host_mesh(workers=workers, hosts=hosts, labels=labels, timeout=timeout)
+    except TimeoutError as e:
+        log.warning("%s", e)
+        asked = len(workers) if workers is not None else (hosts or 1)
+        return HostMesh(
+            View.full(Extent(["hosts"], [asked])), [], agent_launcher=AgentLauncher, failed=e
+        )
+
+
+def attach_host_mesh(
+    *,
+    workers: Sequence[Any] | None = None,
+    hosts: int | None = None,
+    labels: dict[str, str] | None = None,
+    timeout: float = 60.0,
+) -> HostMesh:
+    """:func:`attach_to_workers` that raises ``TimeoutError`` when the hosts are not found.
+
+    What the jobs use: they retry, or say which mesh of theirs is not ready.
+    """
     if hosts is not None and (isinstance(hosts, bool) or not isinstance(hosts, int) or hosts < 1):
         raise ValueError(f"hosts must be a positive int, got {hosts!r}")
     names = None

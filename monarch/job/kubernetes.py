@@ -33,7 +33,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from monarch.actor import HostMesh, attach_to_workers
+from monarch.actor import HostMesh
+from monarch.hosts.attach import attach_host_mesh
 from monarch.job.job import JobState, JobTrait
 from monarch.job.kubernetes_manifests import (
     MESH_LABEL,
@@ -211,7 +212,7 @@ class KubernetesJob(JobTrait):
             # A provisioned mesh's pod <name>-<i> runs agent <name>-<i>: rank i.
             workers = [f"{name}-{i}" for i in range(n)] if mesh["provisioned"] else None
             try:
-                hosts[name] = attach_to_workers(
+                hosts[name] = attach_host_mesh(
                     workers=workers, hosts=None if workers else n, labels=labels, timeout=wait
                 )
             except TimeoutError as e:
@@ -241,9 +242,7 @@ class KubernetesJob(JobTrait):
         self._use_broker()
         try:
             for mesh in self._meshes.values():
-                attach_to_workers(
-                    hosts=mesh["num_replicas"], labels=mesh["agent_labels"], timeout=5
-                )
+                attach_host_mesh(hosts=mesh["num_replicas"], labels=mesh["agent_labels"], timeout=5)
         except TimeoutError:
             return False
         return True

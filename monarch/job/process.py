@@ -31,8 +31,9 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from monarch.actor import HostMesh, attach_to_workers
+from monarch.actor import HostMesh
 from monarch.broker.connections._pdeathsig import child_dies_with_parent
+from monarch.hosts.attach import attach_host_mesh
 from monarch.job._broker import client_broker, use_broker
 from monarch.job.job import JobState, JobTrait
 
@@ -189,7 +190,7 @@ class ProcessJob(JobTrait):
         meshes = {}
         for mesh, count in self._meshes.items():
             names = [self._agents[f"{mesh}_{i}"].name for i in range(count)]
-            meshes[mesh] = attach_to_workers(
+            meshes[mesh] = attach_host_mesh(
                 workers=names, labels={"job": self._job_id, "mesh": mesh}, timeout=30.0
             )
         self._made.extend(meshes.values())

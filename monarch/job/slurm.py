@@ -46,7 +46,8 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from monarch.actor import HostMesh, attach_to_workers
+from monarch.actor import HostMesh
+from monarch.hosts.attach import attach_host_mesh
 from monarch.job.job import JobState, JobTrait
 from monarch.job.slurm_commands import (
     TERMINAL,
@@ -339,7 +340,7 @@ class SlurmJob(JobTrait):
             first += n
             while mesh not in hosts:
                 try:
-                    hosts[mesh] = attach_to_workers(
+                    hosts[mesh] = attach_host_mesh(
                         workers=names, labels={"monarch_job": self._tag}, timeout=2.0
                     )
                 except TimeoutError:

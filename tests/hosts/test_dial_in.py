@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -231,8 +232,9 @@ def test_start_worker_loop_forever_refuses_a_broker_address():
 def test_attach_to_an_address_nobody_listens_on_fails_within_its_timeout(nats_url, tmp_path):
     """No worker at the address: a TimeoutError naming it, never a hang."""
     missing = f"ipc://{tmp_path}/never-bound"
+    hosts = attach_to_workers(workers=[missing], timeout=2)
     with pytest.raises(TimeoutError, match="never-bound"):
-        attach_to_workers(workers=[missing], timeout=2)
+        hosts.initialized.get(timeout=5)
 
 
 def test_mesh_attach_config_timeout_bounds_reaching_a_worker_not_its_start(nats_url, tmp_path):
@@ -243,8 +245,11 @@ def test_mesh_attach_config_timeout_bounds_reaching_a_worker_not_its_start(nats_
     missing = f"ipc://{tmp_path}/never-bound"
     with configured(mesh_attach_config_timeout="500ms") as config:
         assert config["mesh_attach_config_timeout"] == "500ms"
+        started = time.monotonic()
+        unreachable = attach_to_workers(workers=[missing], timeout=120)
         with pytest.raises(TimeoutError) as failed:
-            attach_to_workers(workers=[missing], timeout=120)
+            unreachable.initialized.get(timeout=5)
+        assert time.monotonic() - started < 30  # the 0.5 s push timeout, not the attach's 120 s
     message = str(failed.value)
     assert message.startswith("attach failed: config push failed during attach")
     assert f"{tmp_path}/never-bound" in message and "within 0.5 s" in message

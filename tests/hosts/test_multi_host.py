@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -51,10 +52,19 @@ def test_hosts_by_count_by_config_name_and_a_clear_timeout(two_hosts):
     assert {h.uid for h in hosts_from_config(f"m{label}", timeout=30).hosts} == {
         a.uid for a in agents
     }
+    # As in Monarch, a mesh comes back anyway and says why once it is used.
+    nobody = attach_to_workers(hosts=1, labels={"t": "nobody-has-this"}, timeout=0.5)
     with pytest.raises(TimeoutError, match=r"0 live agent\(s\) of the 1 asked for"):
-        attach_to_workers(hosts=1, labels={"t": "nobody-has-this"}, timeout=0.5)
+        nobody.initialized.get(timeout=5)
+    with pytest.raises(TimeoutError, match=r"0 live agent\(s\) of the 1 asked for"):
+        nobody.spawn_procs(per_host={"gpus": 1})
+    assert nobody.hosts == [] and "attach failed" in repr(nobody)
+    with pytest.raises(ValueError, match="never reached its hosts"):
+        pickle.dumps(nobody)
+    missing_one = attach_to_workers(workers=["h0", "h9"], labels={"t": label}, timeout=0.5)
     with pytest.raises(TimeoutError, match=r"no live agent for \['h9'\]"):
-        attach_to_workers(workers=["h0", "h9"], labels={"t": label}, timeout=0.5)
+        missing_one.initialized.get(timeout=5)
+    assert missing_one.size("hosts") == 2
 
 
 def test_proc_exit_on_a_host_is_reported_at_once(two_hosts, root_faults):

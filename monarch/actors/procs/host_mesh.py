@@ -62,6 +62,7 @@ class HostMesh(MeshShapeOps):
         agent_launcher: AgentLauncherFactory | None = None,
         on_shutdown: Callable[[], None] | None = None,
         on_stop: Callable[[], None] | None = None,
+        failed: BaseException | None = None,
         _spawned: list[ProcMeshState] | None = None,
     ) -> None:
         if hosts is not None and agent_launcher is None:
@@ -82,6 +83,9 @@ class HostMesh(MeshShapeOps):
         # workers it dialled, which then wait for the next client).
         self._on_stop = on_stop
         self._ended = ""  # "shut down" or "stopped" once one of them ran (owned is then None)
+        # Why its hosts were never reached (attach_to_workers): as in Monarch, the mesh is
+        # returned anyway and `initialized` and spawn_procs raise this.
+        self._failed = failed
 
     def _new_with_view(self, view: View) -> HostMesh:
         return self._copy(view=view, owned=False)
@@ -95,14 +99,18 @@ class HostMesh(MeshShapeOps):
             self._hosts,
             machine=self._machine,
             agent_launcher=self._agent_launcher,
+            failed=self._failed,
             _spawned=self._spawned,
             **kw,
         )
 
     @property
     def hosts(self) -> list[Any]:
-        """The host agents of this (sliced) mesh, in rank order; empty for ``this_host()``."""
-        return [self._hosts[r] for r in self._view.ranks] if self._hosts is not None else []
+        """The host agents of this (sliced) mesh, in rank order; empty for ``this_host()``
+        and for a mesh whose hosts were never reached."""
+        if self._hosts is None or self._failed is not None:
+            return []
+        return [self._hosts[r] for r in self._view.ranks]
 
     @property
     def stream_logs(self) -> bool:
@@ -122,9 +130,16 @@ class HostMesh(MeshShapeOps):
 
     @property
     def initialized(self) -> Future[bool]:
-        """Done at once: the hosts were found before this mesh was made."""
+        """Done at once: the hosts were found before this mesh was made, or never will be.
+
+        For a mesh ``attach_to_workers`` could not reach, ``get()`` raises why (a
+        ``TimeoutError`` naming the missing hosts), as Monarch's does.
+        """
         fut: Future[bool] = Future()
-        fut.set_result(True)
+        if self._failed is not None:
+            fut.set_exception(self._failed)
+        else:
+            fut.set_result(True)
         return fut
 
     def spawn_procs(
@@ -153,6 +168,8 @@ class HostMesh(MeshShapeOps):
         """
         if bootstrap is not None and not callable(bootstrap):
             raise TypeError(f"bootstrap must be a function of no arguments, got {bootstrap!r}")
+        if self._failed is not None:
+            raise self._failed
         if self._owned is None:
             raise RuntimeError(f"HostMesh has already been {self._ended or 'shut down'}")
         per_host = dict(per_host or {})
@@ -267,6 +284,10 @@ class HostMesh(MeshShapeOps):
 
     def __reduce__(self) -> tuple:
         """Pickle as a reference, so a host mesh travels inside any picklable value."""
+        if self._failed is not None:
+            raise ValueError(
+                f"this HostMesh never reached its hosts, so it cannot be sent: {self._failed}"
+            )
         return (_decode_host_mesh, (_encode_host_mesh(self),))
 
     async def __aenter__(self) -> HostMesh:
@@ -280,6 +301,8 @@ class HostMesh(MeshShapeOps):
 
     def __repr__(self) -> str:
         names = f" on {', '.join(h.name for h in self.hosts)}" if self._hosts is not None else ""
+        if self._failed is not None:
+            names = " (attach failed)"
         return f"<HostMesh {self._view.extent!r}{names}>"
 
 
