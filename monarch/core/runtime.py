@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import os
 import threading
@@ -184,6 +185,11 @@ class Runtime(PortsAndControl):
     def on_close(self, closer: Callable[[], Any]) -> None:
         """Run ``closer`` (sync or async) when the runtime closes, last registered first."""
         self._closers.append(closer)
+
+    def forget_on_close(self, closer: Callable[[], Any]) -> None:
+        """Undo :meth:`on_close` for ``closer`` (what it closes was closed already)."""
+        with contextlib.suppress(ValueError):
+            self._closers.remove(closer)
 
     async def _on_nats_error(self, e: Exception) -> None:
         log.warning("NATS error on %s: %s", self.proc_uid, e)

@@ -28,6 +28,7 @@ queue unbounded work. The runtime loop itself never waits.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import logging
 import threading
@@ -76,6 +77,22 @@ def controller_for(mesh: Any) -> Controller:
                 state.before_stop.append(ctl.flush_before_stop)
                 _warm_up_meta()
     return ctl
+
+
+def end_engine(mesh: Any, timeout: float) -> bool:
+    """End the tensor engine of ``mesh``'s proc mesh; the procs keep running.
+
+    Queued ops leave first; then the workers stop (each leaves its
+    ``torch.distributed`` world and drops its tensors). The next use of the
+    mesh starts a fresh engine. False if none was running.
+    """
+    state = getattr(mesh, "_state", None)
+    with _controllers_lock:
+        ctl = _controllers.pop(state, None) if state is not None else None
+    if ctl is None:
+        return False
+    ctl.close(timeout)
+    return True
 
 
 _warmed = threading.Event()
@@ -277,6 +294,14 @@ class Controller:
             self.workers.ping.call().add_callback(done)
         except BaseException:
             done(None)
+
+    def close(self, timeout: float) -> None:
+        """Send what is queued, then stop the workers (see :func:`end_engine`)."""
+        with contextlib.suppress(ValueError):
+            self.state.before_stop.remove(self.flush_before_stop)
+        self.rt.forget_on_close(self._flush)
+        self.rt.call_soon(self._flush)  # before the stop below: the loop runs them in order
+        self.workers.stop().get(timeout)
 
     def flush_before_stop(self) -> None:
         """``ProcMesh.stop()`` calls this first: what is queued for the mesh leaves before the stop

@@ -29,13 +29,36 @@ def test_src_aliases_are_our_public_classes():
     assert issubclass(TracingForwarder, logging.Handler)
 
 
-def test_spawn_tensor_engine_gives_the_proc_mesh_to_activate(nats_url):
-    from monarch.mesh_controller import spawn_tensor_engine
+def test_spawn_tensor_engine_gives_a_device_mesh_whose_exit_keeps_the_procs(nats_url):
+    """rapid_spawn_exit_stress.py's loop: spawn_tensor_engine, compute, exit(), again."""
+    import torch
 
-    procs = public.this_host().spawn_procs(per_host={"gpus": 1})
+    import monarch
+    from monarch.mesh_controller import DeviceMesh, spawn_tensor_engine
+
+    procs = public.this_host().spawn_procs(per_host={"gpus": 2})
     try:
-        mesh = spawn_tensor_engine(procs)
-        assert mesh is procs and hasattr(mesh, "activate")
+        workers = []
+        for round_ in (1, 2, 3):
+            dm = spawn_tensor_engine(procs)
+            assert isinstance(dm, DeviceMesh) and isinstance(dm, public.ProcMesh)
+            with dm.activate():
+                t = torch.ones(3) * round_
+            got = monarch.fetch_shard(t, {"gpus": 1}).get(timeout=120)
+            assert got.tolist() == [float(round_)] * 3
+            from monarch.tensors.controller import controller_for
+
+            workers.append(controller_for(dm).workers)
+            dm.exit()
+            dm.exit()  # again: nothing
+            with pytest.raises(RuntimeError, match="has exited"):
+                dm.activate()
+        # Each exit stopped that round's workers; the procs stayed up throughout.
+        for w in workers:
+            with pytest.raises(public.MeshStoppedError):
+                w.ping.call().get(timeout=30)
+        assert len({id(w) for w in workers}) == 3
+        assert procs.initialized.get(timeout=30)
     finally:
         procs.stop().get(timeout=60)
     with pytest.raises(TypeError, match="ProcMesh"):
