@@ -259,3 +259,26 @@ def test_many_small_replies_are_bounded_by_the_ledgers_byte_cap(monkeypatch):
     assert len(ledger._sent) == cap // (lost_replies.ENTRY_OVERHEAD + 1)  # not all 10,000
     newest = f"mon.default.port.client.{n - 1}"
     assert ledger.status(newest, 0) == "replied" and rt.published == [newest]
+
+
+def test_a_big_reply_being_fetched_is_neither_probed_nor_fetched_twice(counters, monkeypatch):
+    """A big reply is a reference the caller fetches; while that fetch runs the call
+    is answered. Before, the prober took the rank for unanswered, the proc sent the
+    reply again, and the second copy's fetch found the bytes already taken by the
+    first (a reply is kept for one reader): the call failed with BufferDroppedError
+    although its value had arrived (torchstore's resharding test, under load)."""
+    from monarch.actors.calls import gather as gather_module
+
+    real_fetch = gather_module.fetch_async
+
+    async def slow_fetch(body, **kwargs):
+        data = await real_fetch(body, **kwargs)  # the bytes are here, the replier told
+        await asyncio.sleep(3 * lost_replies.PROBE_AFTER)  # a loaded caller, made long
+        return data
+
+    monkeypatch.setattr(gather_module, "fetch_async", slow_fetch)
+    one = counters.slice(gpus=1)
+    resent_before = one.replies_resent.call_one().get(timeout=30)
+    big = b"x" * (600 * 1024)  # over the 256 KiB bulk threshold: sent as a reference
+    assert one.ping.call_one(big).get(timeout=60) == big
+    assert one.replies_resent.call_one().get(timeout=30) == resent_before

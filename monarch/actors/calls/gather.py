@@ -75,6 +75,9 @@ class Gather:
         self.mode = mode  # "mesh" | "one" | "choose" | "stream"
         self.endpoint = endpoint
         self.values: dict[int, Any] = {}
+        # Ranks whose reply came as a reference and is being fetched: answered. A copy of
+        # the reply sent again meanwhile is a duplicate (the bytes are kept for one reader).
+        self.fetching: set[int] = set()
         self.port_id: int | None = None
         self.subject = ""
         n = len(expected)
@@ -98,7 +101,9 @@ class Gather:
         self.state.inflight.add(self)
 
     def waiting_on(self, ranks: list[int]) -> bool:
-        return any(r in self.expected and r not in self.values for r in ranks)
+        return any(
+            r in self.expected and r not in self.values and r not in self.fetching for r in ranks
+        )
 
     def _close(self) -> None:
         if self.port_id is not None:
@@ -138,7 +143,7 @@ class Gather:
         if rank not in self._expected:
             self._drop("unexpected_rank", msg)
             return
-        if rank in self.values:
+        if rank in self.values or rank in self.fetching:
             self._drop("duplicate", msg)
             return
         if self._check_sender and headers.get(m.FROM) != self.state.actor_id(rank):
@@ -147,6 +152,7 @@ class Gather:
         if headers.get(m.KIND) != "error" and is_reference(msg.data):
             # A big reply is a reference to bytes kept by the replier: fetch them
             # off the loop, then come back here with the real body.
+            self.fetching.add(rank)
             self.state.rt.loop.create_task(self._fetch_then_take(msg))
             return
         self._take(rank, msg)
@@ -161,6 +167,8 @@ class Gather:
             else:
                 self.fail(e)
             return
+        finally:
+            self.fetching.discard(rank)
         self._take(rank, LocalMsg(msg.subject, data, msg.reply, msg.headers, owned=True))
 
     def _drop(self, reason: str, msg: Msg) -> None:

@@ -213,7 +213,12 @@ class CallProber:
                 due[0] = now + due[1]
                 asked: dict[int, str | None] = {}
                 for rank in gather.expected:
-                    if rank in gather.values or rank in st.dead or rank >= len(st.proc_uids):
+                    if (
+                        rank in gather.values
+                        or rank in gather.fetching  # answered: its bytes are on their way
+                        or rank in st.dead
+                        or rank >= len(st.proc_uids)
+                    ):
                         continue
                     asked[rank] = None
                     asks[st.proc_uids[rank]].append(([gather.subject, rank], gather))
