@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import nats
 
-from monarch.broker.connections.server import find_nats_server, free_port, read_info
+from monarch.broker.connections.server import find_nats_server, read_info
 
 
 @dataclass
@@ -67,33 +68,89 @@ def _config(node: Node, nodes: list[Node], store: Path) -> str:
     )
 
 
-@contextlib.contextmanager
-def nats_cluster(folder: Path, size: int = 3, timeout: float = 30.0):
-    """Start ``size`` routed nats-servers; yield the :class:`Cluster`; kill them all."""
-    binary = find_nats_server()
-    cluster = Cluster([Node(f"n{i}", free_port(), free_port(), free_port()) for i in range(size)])
+def _distinct_free_ports(count: int) -> list[int]:
+    """``count`` ports free a moment ago, all different (held open together while chosen).
+
+    Chosen one at a time, two of a cluster's ports could be the same port, freed
+    and handed out again: a node's route port then answering as another's HTTP
+    monitor (a route "Protocol Violation", the node never routed).
+    """
+    sockets = []
     try:
-        for node in cluster.nodes:
-            store = folder / node.name
-            store.mkdir(parents=True, exist_ok=True)
-            conf = folder / f"{node.name}.conf"
-            conf.write_text(_config(node, cluster.nodes, store))
-            log = open(folder / f"{node.name}.log", "wb")  # noqa: SIM115
-            node.proc = subprocess.Popen(
-                [binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=log,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
-            log.close()
-        deadline = time.monotonic() + timeout
-        for node in cluster.nodes:  # every node up, routed and with JetStream ready
-            while True:
-                info = read_info("127.0.0.1", node.port)
-                if info and info.get("jetstream") and len(info.get("connect_urls") or []) >= size:
-                    break
-                if time.monotonic() > deadline or node.proc.poll() is not None:
-                    text = (folder / f"{node.name}.log").read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"NATS cluster node {node.name} did not come up:\n{text}")
-                time.sleep(0.05)
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+class _NodeExited(RuntimeError):
+    """A node ended while the cluster was starting (most often: another process took one
+    of its ports between choosing and binding it). The start is tried again on new ports."""
+
+
+def _start_nodes(binary: str, folder: Path, size: int) -> Cluster:
+    ports = _distinct_free_ports(3 * size)
+    cluster = Cluster([Node(f"n{i}", *ports[3 * i : 3 * i + 3]) for i in range(size)])
+    for node in cluster.nodes:
+        store = folder / node.name
+        store.mkdir(parents=True, exist_ok=True)
+        conf = folder / f"{node.name}.conf"
+        conf.write_text(_config(node, cluster.nodes, store))
+        log = open(folder / f"{node.name}.log", "wb")  # noqa: SIM115
+        node.proc = subprocess.Popen(
+            [binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=log,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        log.close()
+    return cluster
+
+
+def _wait_until_routed(cluster: Cluster, folder: Path, deadline: float) -> None:
+    """Every node up, routed to all the others and with JetStream ready."""
+    size = len(cluster.nodes)
+    for node in cluster.nodes:
+        while True:
+            info = read_info("127.0.0.1", node.port)
+            if info and info.get("jetstream") and len(info.get("connect_urls") or []) >= size:
+                break
+            for other in cluster.nodes:  # any node that ended: no waiting out the deadline
+                if other.proc is not None and other.proc.poll() is not None:
+                    text = (folder / f"{other.name}.log").read_text(errors="replace")[-2000:]
+                    raise _NodeExited(
+                        f"NATS cluster node {other.name} exited while starting:\n{text}"
+                    )
+            if time.monotonic() > deadline:
+                text = (folder / f"{node.name}.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"NATS cluster node {node.name} did not come up:\n{text}")
+            time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def nats_cluster(folder: Path, size: int = 3, timeout: float = 30.0, attempts: int = 3):
+    """Start ``size`` routed nats-servers; yield the :class:`Cluster`; kill them all.
+
+    A start whose node ended (a port taken by another process meanwhile) is tried
+    again on new ports, up to ``attempts`` times, each within ``timeout`` seconds.
+    """
+    binary = find_nats_server()
+    cluster = Cluster()
+    try:
+        for attempt in range(1, attempts + 1):
+            tried = folder if attempt == 1 else folder / f"attempt{attempt}"
+            cluster = _start_nodes(binary, tried, size)
+            deadline = time.monotonic() + timeout
+            try:
+                _wait_until_routed(cluster, tried, deadline)
+                break
+            except _NodeExited:
+                for node in cluster.nodes:
+                    node.kill()
+                if attempt == attempts:
+                    raise
         asyncio.run(_wait_for_jetstream(cluster, deadline))
         yield cluster
     finally:
