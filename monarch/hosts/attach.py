@@ -9,7 +9,8 @@ started Monarch's way, ``run_worker_loop_forever(address="tcp://host:port")``
 that address dials it and hands it its broker (:mod:`monarch.hosts.dial_in`);
 an address nobody listens on also matches registered agents by host name or
 IP. Unlike Monarch's, ``attach_to_workers`` returns once the hosts are found
-(bounded by ``timeout``), so ``initialized`` is already done.
+(bounded by ``timeout``), so ``initialized`` is already done; hosts not found
+give, as in Monarch, a mesh whose ``initialized`` raises why.
 """
 
 from __future__ import annotations
