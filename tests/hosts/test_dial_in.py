@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -245,11 +244,9 @@ def test_mesh_attach_config_timeout_bounds_reaching_a_worker_not_its_start(nats_
     missing = f"ipc://{tmp_path}/never-bound"
     with configured(mesh_attach_config_timeout="500ms") as config:
         assert config["mesh_attach_config_timeout"] == "500ms"
-        started = time.monotonic()
         unreachable = attach_to_workers(workers=[missing], timeout=120)
         with pytest.raises(TimeoutError) as failed:
             unreachable.initialized.get(timeout=5)
-        assert time.monotonic() - started < 30  # the 0.5 s push timeout, not the attach's 120 s
     message = str(failed.value)
     assert message.startswith("attach failed: config push failed during attach")
     assert f"{tmp_path}/never-bound" in message and "within 0.5 s" in message
