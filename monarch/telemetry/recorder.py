@@ -81,12 +81,14 @@ class Recorder:
         # Histogram points carry their raw values (capped) for an OTLP exporter to replay.
         self.keep_values = keep_values
         self._items: collections.deque[tuple] = collections.deque()
-        # Records of finished calls (CALL_FIELDS): the actor's thread appends one tuple it
-        # already has, nothing more; published as they are (the reader makes the spans).
+        # Records of finished calls: the actor's thread appends one tuple it already has,
+        # nothing more; call_filter makes them CALL_FIELDS records at the flush, which are
+        # published as they are (the reader makes the spans).
         self._calls: collections.deque[tuple] = collections.deque()
         # Log records (LOG_FIELDS) a TracingForwarder handed in; off the message path.
         self._logs: collections.deque[tuple] = collections.deque()
-        self.call_filter: Callable[[list[tuple]], list[tuple]] | None = None  # at each flush
+        # At each flush, on the flusher's thread: the appended records -> CALL_FIELDS records.
+        self.call_filter: Callable[[list[tuple]], list[tuple]] | None = None
         # Given each flush's call records, as span_listeners are given its spans.
         self.call_listeners: list[Callable[[list[tuple]], None]] = []
         self._prefix = secrets.token_hex(8)  # trace ids: 32 hex digits, as OpenTelemetry's
@@ -130,7 +132,8 @@ class Recorder:
             self._wake()
 
     def call(self, record: tuple) -> None:
-        """Record one finished call (a tuple in :data:`CALL_FIELDS` order). Any thread."""
+        """Record one finished call (in :data:`CALL_FIELDS` order, or as ``call_filter``
+        takes it). Any thread."""
         calls = self._calls
         calls.append(record)
         if len(calls) >= self._batch and not self._waking:

@@ -12,6 +12,7 @@ from monarch.actors.calls.activity import (
     BUCKETS,
     bucket_of,
     call_listeners,
+    call_record,
     percentile,
 )
 from monarch.core.process_runtime import runtime
@@ -137,7 +138,7 @@ def test_call_listeners_get_one_record_per_finished_call(nats_url):
             local.boom.call_one().get(timeout=30)
     finally:
         call_listeners.remove(records.append)
-    mine = [r for r in records if r.mesh == "act_listened"]
+    mine = [call_record(r) for r in records if r[1] == "act_listened"]
     assert [(r.endpoint, r.ok) for r in mine] == [("work", True), ("boom", False)]
     for r in mine:
         assert r.caller == runtime().proc_uid and r.rank == 0

@@ -29,9 +29,14 @@ counts the calls that took less than ``2**i`` us (and at least
 Stopped and failed actors stay in the book :data:`KEEP_ENDED` seconds, so a
 viewer that looks a moment later still sees them.
 
-:data:`call_listeners`: callables given one :class:`CallRecord` per finished
-call (on the thread that ran it; keep them quick, they must not raise). Empty
-by default, and then a call costs nothing more.
+:data:`call_listeners`: callables given one raw record per finished call
+(:data:`RAW_CALL_FIELDS`; on the thread that ran it, after its reply was
+written; keep them quick, they must not raise), which :func:`call_record`
+turns into a :class:`CallRecord`. Empty by default, and then a call costs
+nothing more. The raw record is a plain tuple of what the thread already
+holds: building a ``CallRecord`` there (parsing the caller out of a header,
+two clock conversions) took ~7 us of the actor's thread per call with
+telemetry on (benchmarks/NOTES.md 52); a reader converts a whole batch later.
 """
 
 from __future__ import annotations
@@ -78,8 +83,17 @@ class CallRecord(NamedTuple):
     trace: str = ""  # the call's Mon-Trace header, set while the caller records telemetry
 
 
-call_listeners: list[Callable[[CallRecord], None]] = []
-"""Called with each finished call's :class:`CallRecord` (the telemetry's spans hang here)."""
+RAW_CALL_FIELDS = (
+    "actor_id", "mesh", "mesh_uid", "rank", "endpoint", "headers", "reply", "delivered",
+    "started", "ended", "ok",
+)  # fmt: skip
+"""A raw record's fields, as :data:`call_listeners` get them: ``headers`` the message's
+(or None), ``reply`` its reply subject (or None), ``delivered`` a ``time.time()`` (0:
+unknown), ``started``/``ended`` ``time.monotonic()`` readings of this process."""
+
+call_listeners: list[Callable[[tuple], None]] = []
+"""Called with each finished call's raw record (:data:`RAW_CALL_FIELDS`; the telemetry
+hangs here); :func:`call_record` makes a :class:`CallRecord` of it."""
 
 
 def wall_now() -> float:
@@ -125,12 +139,16 @@ def percentile(hist: list[int], q: float) -> float:
 def caller_of(msg: Any) -> str:
     """The uid of the process that sent ``msg``: from ``Mon-Seq: <n>@<uid>``, else from
     its reply subject ``mon.<ns>.port.<uid>.<id>`` ("" when neither says)."""
-    headers = getattr(msg, "headers", None) or {}
-    seq = headers.get("Mon-Seq") or ""
+    return caller_from(getattr(msg, "headers", None), getattr(msg, "reply", None))
+
+
+def caller_from(headers: dict | None, reply: str | None) -> str:
+    """:func:`caller_of` given a message's headers and reply subject."""
+    seq = (headers or {}).get("Mon-Seq") or ""
     at = seq.find("@")
     if at >= 0:
         return seq[at + 1 :]
-    parts = (getattr(msg, "reply", None) or "").split(".")
+    parts = (reply or "").split(".")
     if len(parts) == 5 and parts[2] == "port":
         return parts[3]
     return ""
@@ -218,10 +236,14 @@ class ActorActivity:
         if call.stalled and call.stall is not None:  # the stall is over
             call.stall["finished_after"] = round(now - call.started, 3)
         if call_listeners:
+            msg = call.msg
+            raw = (self.actor_id, self.mesh, self.mesh_uid, self.rank, ep.name,
+                   getattr(msg, "headers", None), getattr(msg, "reply", None),
+                   getattr(msg, "_mon_delivered", 0.0), call.started, now, ok)  # fmt: skip
             if later is None:
-                _tell(self, call, now, ok)
+                _tell(raw)
             else:
-                later.append((self, call, now, ok))
+                later.append(raw)
 
     # -- life ------------------------------------------------------------------------
 
@@ -380,19 +402,24 @@ def copied(container: Any) -> list:
 
 
 def tell_later(later: list[tuple]) -> None:
-    """Tell :data:`call_listeners` the records :meth:`ActorActivity.end` left in ``later``."""
-    while later:
-        _tell(*later.pop(0))
+    """Tell :data:`call_listeners` the raw records :meth:`ActorActivity.end` left in ``later``."""
+    for raw in later:
+        _tell(raw)
+    later.clear()
 
 
-def _tell(act: ActorActivity, call: Call, now: float, ok: bool) -> None:
-    record = CallRecord(
-        act.actor_id, act.mesh, act.mesh_uid, act.rank, call.ep.name, caller_of(call.msg),
-        getattr(call.msg, "_mon_delivered", 0.0), wall(call.started), wall(now), ok,
-        (getattr(call.msg, "headers", None) or {}).get(TRACE, ""),
-    )  # fmt: skip
-    for listener in list(call_listeners):
+def _tell(raw: tuple) -> None:
+    for listener in call_listeners:
         try:
-            listener(record)
+            listener(raw)
         except Exception:  # a viewer's hook must not break the actor's call
             pass
+
+
+def call_record(raw: tuple) -> CallRecord:
+    """The :class:`CallRecord` of a raw record (:data:`RAW_CALL_FIELDS`); any thread."""
+    actor_id, mesh, mesh_uid, rank, endpoint, headers, reply, delivered, started, ended, ok = raw
+    return CallRecord(
+        actor_id, mesh, mesh_uid, rank, endpoint, caller_from(headers, reply), delivered,
+        started + _WALL_OFFSET, ended + _WALL_OFFSET, ok, (headers or {}).get(TRACE, ""),
+    )  # fmt: skip

@@ -24,7 +24,7 @@ import os
 import time
 from typing import Any
 
-from monarch.actors.calls.activity import FLOW_MARKER, call_listeners
+from monarch.actors.calls.activity import FLOW_MARKER, call_listeners, call_record
 from monarch.actors.calls.context import actor_context
 from monarch.broker.connections.connect import connect
 from monarch.broker.vocabulary import subjects
@@ -49,8 +49,15 @@ _keys: dict[tuple[str, str], tuple] = {}  # (mesh, endpoint) -> the counters' at
 
 
 def without_flow_markers(records: list[tuple]) -> list[tuple]:
-    """Finished calls to publish: not the runtime's own flow markers (the recorder's filter)."""
+    """Finished calls to publish: not the runtime's own flow markers."""
     return [r for r in records if r[4] != FLOW_MARKER]
+
+
+def recorded_calls(raw: list[tuple]) -> list[tuple]:
+    """The recorder's filter: the actors' raw records (``activity.RAW_CALL_FIELDS``, what
+    their threads appended) as records in ``CALL_FIELDS`` order, flow markers left out;
+    on the flusher's thread, once per flush."""
+    return [call_record(r) for r in raw if r[4] != FLOW_MARKER]
 
 
 def count_calls(records: list[tuple]) -> None:
@@ -91,7 +98,7 @@ async def start_telemetry(rt: Runtime, *, client: bool) -> None:
     subject = subjects.telemetry(rt.namespace, rt.proc_uid)
     keep_values = otlp_endpoint(cfg.otlp_endpoint) is not None  # every process: the client exports
     rec = tel.Recorder(rt.proc_uid, _unset, _unset, cfg.telemetry_batch, keep_values)
-    rec.call_filter = without_flow_markers
+    rec.call_filter = recorded_calls
     rec.call_listeners.append(count_calls)
     rec.span_listeners.append(count_endpoints)
     rec.collectors.append(collect_all)
@@ -176,7 +183,8 @@ _listening: list[Any] = []  # the recorder's call() hung on call_listeners, whil
 
 def _listen_to_calls(rec: tel.Recorder) -> None:
     """Hang the recorder's :meth:`~monarch.telemetry.recorder.Recorder.call` on the actors'
-    finished-call records (one bound method: the actor's thread pays one call and an append)."""
+    finished-call records (one bound method: the actor's thread pays one call and an append
+    of the raw tuple it made; :func:`recorded_calls` converts them at the flush)."""
     if not _listening:
         _listening.append(rec.call)
         call_listeners.append(_listening[0])
