@@ -26,6 +26,14 @@ pages shared with a zygote count once) of the procs themselves (the pids the
 actors report) and of every process the run added (the client's descendants
 and the procs, less what was there before: broker, zygote, Monarch's host
 processes). Prints JSON lines (see _common.py).
+
+``--varz URL[,URL]`` (ours only, where the driver started the broker with HTTP
+monitoring: ``benchmarks/bench_scale.py``): the brokers' own counters
+(``/varz``, summed over the nodes) before and after the timed gather rounds
+and over an idle window, so the model of docs/scale.md is checked against what
+the servers counted: messages and bytes in and out per broadcast-and-gather
+round, subscriptions and connections, and messages per second while idle
+(heartbeats).
 """
 
 from __future__ import annotations
@@ -33,10 +41,12 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import importlib.util
+import json
 import os
 import statistics
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from _common import Reporter, percentile
@@ -50,6 +60,8 @@ TIMEOUT = 120.0  # seconds; a single wait longer than this fails the point
 FIRE_FULL = 10_000  # messages to the whole mesh per point
 FIRE_CAP_ACTORS = 32  # above this many actors, fewer messages (time scaled to FIRE_FULL)
 SETTLE = 8.0  # seconds of idling after the runtime starts, before the first point
+IDLE_WINDOW = 5.0  # seconds of idle broker traffic counted per point (--varz)
+VARZ_FIELDS = ("in_msgs", "out_msgs", "in_bytes", "out_bytes")
 
 
 class Echo(Actor):
@@ -112,22 +124,53 @@ def wait_gone(pids: set[int], timeout: float = 10.0) -> None:
         time.sleep(0.05)
 
 
+# -- the brokers' counters (--varz) -------------------------------------------------
+
+
+def varz(urls: list[str]) -> dict:
+    """/varz of every node, the counters summed; ``subscriptions``/``connections`` too."""
+    total: dict = {}
+    for url in urls:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/varz", timeout=10) as r:
+            v = json.load(r)
+        for k in (*VARZ_FIELDS, "subscriptions", "connections", "slow_consumers"):
+            total[k] = total.get(k, 0) + int(v.get(k, 0))
+    return total
+
+
+def varz_figures(before: dict, after: dict, per: float, prefix: str) -> dict:
+    return {f"{prefix}{k}": (after[k] - before[k]) / per for k in VARZ_FIELDS}
+
+
 # -- measuring one point ------------------------------------------------------------
 
 
-def measure(meshes: list, n_actors: int, rounds: int, fire: int) -> dict:
+def measure(meshes: list, n_actors: int, rounds: int, fire: int, urls: list[str]) -> dict:
     """gather and fire figures over ``meshes`` (all actors already answered once)."""
     for i in range(min(rounds, 10)):  # warm-up
         for f in [m.ping.call(i) for m in meshes]:
             f.get(TIMEOUT)
     lat = []
+    counted = varz(urls) if urls else None
     for i in range(rounds):
         t = time.perf_counter()
         for f in [m.ping.call(i) for m in meshes]:
             f.get(TIMEOUT)
         lat.append(time.perf_counter() - t)
     lat.sort()
-    out = {"gather": percentile(lat, 0.5)}
+    out = {"gather": percentile(lat, 0.5), "gather_p99": percentile(lat, 0.99)}
+    if counted is not None:
+        # per round; idle traffic (heartbeats) of the rounds' seconds is in it too
+        after = varz(urls)
+        out.update(varz_figures(counted, after, rounds, "round_"))
+        out["subscriptions"] = after["subscriptions"]
+        out["connections"] = after["connections"]
+        out["slow_consumers"] = after["slow_consumers"]
+        out["round_seconds"] = sum(lat) / rounds
+        time.sleep(1.0)  # the rounds' last replies and flushes pass
+        idle = varz(urls)
+        time.sleep(IDLE_WINDOW)
+        out.update(varz_figures(idle, varz(urls), IDLE_WINDOW, "idle_per_s_"))
     try:
         out["fire"] = fire_time(meshes, n_actors, fire)
     except Exception as e:  # reported; the point's other figures still count
@@ -162,9 +205,14 @@ def memory(base_mesh, before: set[int]) -> tuple[dict, set[int]]:
 
 
 def emit_point(rep: Reporter, sweep: str, x: int, figures: dict) -> None:
-    units = {"spawn": "s", "gather": "s", "fire": "s", "n_added": "processes", "fire_failed": ""}
+    units = {"spawn": "s", "gather": "s", "gather_p99": "s", "fire": "s", "n_added": "processes",
+             "fire_failed": "", "round_seconds": "s", "subscriptions": "", "connections": "",
+             "slow_consumers": ""}  # fmt: skip
     for name, value in figures.items():
-        rep.emit(f"{sweep}:{x}", name, value, units.get(name, "MB"), sweep=sweep, x=x)
+        unit = units.get(name, "MB")
+        if name.startswith(("round_", "idle_per_s_")) and name != "round_seconds":
+            unit = "bytes" if name.endswith("bytes") else "messages"
+        rep.emit(f"{sweep}:{x}", name, value, unit, sweep=sweep, x=x)
 
 
 def procs_point(rep: Reporter, p: int, args: argparse.Namespace, before: set[int]) -> None:
@@ -173,7 +221,7 @@ def procs_point(rep: Reporter, p: int, args: argparse.Namespace, before: set[int
     mesh = procs.spawn("grow", Echo)
     mesh.ping.call(0).get(TIMEOUT)
     figures = {"spawn": time.perf_counter() - t}
-    figures.update(measure([mesh], p, args.rounds, args.fire))
+    figures.update(measure([mesh], p, args.rounds, args.fire, args.varz))
     mem, pids = memory(mesh, before)
     figures.update(mem)
     procs.stop().get(TIMEOUT)
@@ -194,7 +242,7 @@ def actors_point(rep: Reporter, n: int, args: argparse.Namespace, before: set[in
     for f in [m.ping.call(0) for m in meshes]:
         f.get(TIMEOUT)
     figures = {"spawn": time.perf_counter() - t}
-    figures.update(measure(meshes, n, args.rounds, args.fire))
+    figures.update(measure(meshes, n, args.rounds, args.fire, args.varz))
     mem, pids = memory(base, before)
     figures.update(mem)
     procs.stop().get(TIMEOUT)
@@ -210,8 +258,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=50, help="broadcast-and-gather rounds")
     ap.add_argument("--fire", type=int, default=FIRE_FULL, help="fire-and-forget messages")
     ap.add_argument("--results", help="also append the result lines to this file")
+    ap.add_argument("--varz", default="", help="brokers' HTTP monitor URLs (ours; see above)")
     args = ap.parse_args()
     args.skip = set()
+    args.varz = [u for u in args.varz.split(",") if u.strip()]
     rep = Reporter(FRAMEWORK, args)
     dist = "torchmonarch" if REAL else "monarch-nats"
     rep.info(version=importlib.metadata.version(dist), python=sys.version.split()[0])
