@@ -284,6 +284,11 @@ def run(args: argparse.Namespace) -> int:
         nc = await connect(url, "monarch-stacks", timeout=10)
         try:
             answers, silent = await discover(nc, ns, args.window)
+            known = {p["uid"] for p in [*answers, *silent]}
+            if any(u not in known for u in args.proc or ()):
+                # The registry is read through a JetStream consumer, which a loaded broker
+                # may answer short: read it once more before calling a named proc unknown.
+                silent += [p for p in await list_procs(nc, ns) if p.get("uid") not in known]
             try:
                 procs, notes = select(answers, silent, mesh, rank, args.proc)
             except BadInput as e:

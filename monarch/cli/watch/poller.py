@@ -67,6 +67,12 @@ class Poller:
 
         return on
 
+    async def _registry(self) -> tuple[list, list]:
+        # One after the other, not asyncio.gather: a gather whose parts are cancelled at
+        # exit (q) while its caller is cancelled too leaves an exception nobody reads,
+        # which asyncio prints as a traceback over the closing screen.
+        return await list_hosts(self.nc, self.ns), await list_procs(self.nc, self.ns)
+
     async def poll(self, window: float | None = None) -> Poll:
         """One round (at most ``window`` s, default 0.7 of the interval); the model took it."""
         window = window if window is not None else max(0.3, 0.7 * self.model.interval)
@@ -76,9 +82,7 @@ class Poller:
             self.model.ingest(poll)
             return poll
         try:
-            hosts, procs = await asyncio.wait_for(
-                asyncio.gather(list_hosts(self.nc, self.ns), list_procs(self.nc, self.ns)), window
-            )
+            hosts, procs = await asyncio.wait_for(self._registry(), window)
         except Exception:  # the broker went away mid-round, or the registry is not there yet
             hosts, procs = [], []
         self._ps.clear()
