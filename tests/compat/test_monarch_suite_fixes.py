@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from monarch.actor import Actor, Channel, endpoint, this_host
 from tests.helpers import proc_mesh_fixture
 
@@ -44,9 +46,12 @@ def test_an_async_actor_stuck_in_init_leaves_the_rest_of_its_proc_serving(procs)
     assert echo.get.call_one().get(timeout=60) == 5
     stuck.stop().get(timeout=60)
     assert echo.get.call_one().get(timeout=60) == 5
-    # the proc mesh's stop waits for that spawn's answer up to MONARCH_SPAWN_TIMEOUT,
-    # then ends the proc, stuck thread and all
+    # the stuck mesh is stopped, so the proc mesh's stop does not wait for its spawn's
+    # answer (it would wait up to MONARCH_SPAWN_TIMEOUT for a mesh still wanted): it
+    # ends the proc, stuck thread and all
     stuck_procs.stop().get(timeout=300)
+    with pytest.raises(Exception, match="stopped"):
+        echo.get.call_one().get(timeout=60)
 
 
 class StartsATaskInInit(Actor):

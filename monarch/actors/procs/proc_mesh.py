@@ -154,8 +154,8 @@ class ProcMesh(MeshShapeOps):
         def register() -> None:
             st.actor_meshes.append((mesh_state, proc_ranks))
             task = st.rt.loop.create_task(st.spawn_actors(mesh_state, proc_ranks, body))
-            st.spawning.add(task)
-            task.add_done_callback(st.spawning.discard)
+            st.spawning[task] = mesh_state
+            task.add_done_callback(lambda done: st.spawning.pop(done, None))
 
         st.rt.call_soon(register)
         return ActorMesh(mesh_state, View.full(extent))

@@ -80,7 +80,7 @@ class ProcMeshState:
         self.actor_meshes: list[tuple[MeshState, list[int]]] = []
         self.stopping = False
         self.stopped: Future[None] | None = None
-        self.spawning: set[asyncio.Task] = set()
+        self.spawning: dict[asyncio.Task, MeshState] = {}  # a spawn under way -> its mesh
         # Control requests running user code (spawns, the bootstrap) still waited on:
         # a proc lost meanwhile fails them at once (_proc_lost), a stop ends them.
         self.control_waits: set[ControlWait] = set()
@@ -335,11 +335,13 @@ class ProcMeshState:
         """
         await self.launched.wait()
         # Spawns already asked for complete first, so messages queued behind
-        # them are delivered before the procs are told to stop.
-        if self.spawning:
+        # them are delivered before the procs are told to stop; not the spawn of a
+        # mesh stopped meanwhile (its __init__ may never end): nothing waits for it.
+        waiting = [task for task, mesh in self.spawning.items() if mesh.stopped is None]
+        if waiting:
             if spawn_wait is None:
                 spawn_wait = self.rt.settings.spawn_timeout
-            await asyncio.wait(list(self.spawning), timeout=spawn_wait)
+            await asyncio.wait(waiting, timeout=spawn_wait)
         for wait in list(self.control_waits):  # an __init__ still running is not waited for
             wait.abort(MeshStoppedError(f"`ProcMesh` {self.name!r} was stopped while spawning"))
         self.stopping = True
