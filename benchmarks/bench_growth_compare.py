@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -54,6 +55,18 @@ def frameworks(args: argparse.Namespace) -> list[harness.Framework]:
         "monarch", SCRIPT, monarch_python, "import monarch._rust_bindings, torch"
     )
     return [ours, real]
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot drawing to files (no display), or None where it is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
 
 
 def slope(points: list[tuple[float, float]]) -> float | None:
@@ -149,12 +162,8 @@ class Results:
         return rows
 
     def plot(self, path: Path) -> bool:
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
+        plt = pyplot()
+        if plt is None:
             return False
         figs = ["spawn", "gather", "fire", "pss_added_mb"]
         fig, axes = plt.subplots(2, len(figs), figsize=(16, 7.5))

@@ -55,6 +55,7 @@ sys.path.insert(0, str(HERE / "compare"))
 sys.path.insert(0, str(ROOT))
 
 import run as harness  # noqa: E402  (compare/run.py: runs, reaping, probing)
+from bench_growth_compare import pyplot, slope  # noqa: E402  (beside this script)
 
 from monarch.broker.connections.cluster import nats_cluster  # noqa: E402
 from monarch.broker.connections.server import EmbeddedBroker, free_port  # noqa: E402
@@ -193,14 +194,10 @@ class Results:
                 pts = [(n, self.median(v, p, n, "pss_procs_total_mb")) for pp, n in self.points()
                        if pp == p]  # fmt: skip
                 pts = [(n, y) for n, y in pts if y is not None]
-                if len({n for n, _ in pts}) < 2:
+                fit = slope(pts)
+                if fit is None:
                     continue
-                mn = statistics.fmean(n for n, _ in pts)
-                my = statistics.fmean(y for _, y in pts)
-                slope = sum((n - mn) * (y - my) for n, y in pts) / sum(
-                    (n - mn) ** 2 for n, _ in pts
-                )
-                lines.append(f"- {v}, {p} procs: {slope * 1024:.0f} KB of PSS per added actor")
+                lines.append(f"- {v}, {p} procs: {fit * 1024:.0f} KB of PSS per added actor")
         return lines
 
     def model(self) -> list[str]:
@@ -229,12 +226,8 @@ class Results:
         return rows
 
     def plot(self, path: Path) -> bool:
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
+        plt = pyplot()
+        if plt is None:
             return False
         figs = ["gather", "spawn", "fire", "kb_per_actor"]
         ps = sorted({p for p, _ in self.points()})
@@ -316,6 +309,8 @@ def main() -> None:
     if args.replot:
         replot(Path(args.replot), Path(args.out))
         return
+    if args.runs < 1:
+        ap.error("--runs must be at least 1")
     counts = dict(QUICK if args.quick else FULL)
     for key in ("sizes", "procs", "rounds", "fire"):
         if getattr(args, key) is not None:
