@@ -23,6 +23,9 @@ Variants:
   and over an idle window: the measured side of the model in docs/scale.md;
 * ``monarch``: torchmonarch 0.7 (``--monarch-python``, or
   ``COMPARE_MONARCH_PYTHON``, or ``../venv-monarch``);
+* ``per_proc``: ours on one server as ``ours``, but the N actors are one mesh,
+  ``procs.per_proc(actors=N/P)`` (our extension): a broadcast is one call, and
+  each proc's replies to it leave as one message;
 * ``cluster``: ours with ``MONARCH_NATS_URL`` naming the three nodes of a routed
   cluster on loopback (``monarch.broker.connections.cluster``): nats-py picks a
   node at random per connection, so the client and the procs spread over the
@@ -63,7 +66,7 @@ from monarch.broker.connections.server import EmbeddedBroker, free_port  # noqa:
 SCRIPT = "scenarios_growth.py"
 FULL = dict(sizes="512,2048,8192", procs="8,16", rounds=20, fire=2000)
 QUICK = dict(sizes="64,256", procs="8", rounds=5, fire=200)
-VARIANTS = ("ours", "monarch", "cluster")
+VARIANTS = ("ours", "monarch", "cluster", "per_proc")
 # figure -> (label, unit shown, scale from the JSON unit)
 FIGURES = {
     "spawn": ("spawn", "s", 1.0),
@@ -172,16 +175,16 @@ class Results:
             lines.append(f"| {p} | {n} | " + " | ".join(cells) + " |")
         return lines
 
-    def ratios(self) -> list[str]:
-        """ours / Monarch per point: below 1 means ours is ahead."""
-        if not {"ours", "monarch"} <= set(self.variants()):
+    def ratios(self, variant: str = "ours") -> list[str]:
+        """``variant`` / Monarch per point: below 1 means ours is ahead."""
+        if not {variant, "monarch"} <= set(self.variants()):
             return []
         lines = ["| procs | actors | " + " | ".join(FIGURES[f][0] for f in FIGURES) + " |",
                  "|" + "---|" * (2 + len(FIGURES))]  # fmt: skip
         for p, n in self.points():
             cells = []
             for figure in FIGURES:
-                a, b = self.median("ours", p, n, figure), self.median("monarch", p, n, figure)
+                a, b = self.median(variant, p, n, figure), self.median("monarch", p, n, figure)
                 cells.append("-" if a is None or not b else f"{a / b:.2f}x")
             lines.append(f"| {p} | {n} | " + " | ".join(cells) + " |")
         return lines
@@ -203,7 +206,7 @@ class Results:
     def model(self) -> list[str]:
         """What the brokers counted (ours, single server and cluster), per point."""
         lines = []
-        for v in ("ours", "cluster"):
+        for v in ("ours", "cluster", "per_proc"):
             pts = [(p, n) for p, n in self.points() if self.median(v, p, n, "subscriptions")]
             if not pts:
                 continue
@@ -231,8 +234,10 @@ class Results:
             return False
         figs = ["gather", "spawn", "fire", "kb_per_actor"]
         ps = sorted({p for p, _ in self.points()})
+        if not ps:
+            return False
         fig, axes = plt.subplots(len(ps), len(figs), figsize=(17, 4 * len(ps)), squeeze=False)
-        styles = {"ours": "o-", "monarch": "s--", "cluster": "^:"}
+        styles = {"ours": "o-", "monarch": "s--", "cluster": "^:", "per_proc": "D-."}
         for row, p in enumerate(ps):
             for col, figure in enumerate(figs):
                 ax = axes[row][col]
@@ -260,8 +265,10 @@ def report(results: Results, command: str, seconds: float | None) -> str:
     lines = [f"# Scale, side by side ({time.strftime('%Y-%m-%d')}{took})", "",
              f"Command: `python benchmarks/bench_scale.py {command}`", "",
              *results.table(), ""]  # fmt: skip
-    if results.ratios():
-        lines += ["ours / Monarch 0.7 (below 1: ours ahead):", "", *results.ratios(), ""]
+    for variant in ("ours", "per_proc"):
+        if results.ratios(variant):
+            lines += [f"{variant} / Monarch 0.7 (below 1: ours ahead):", "",
+                      *results.ratios(variant), ""]  # fmt: skip
     if results.marginal():
         lines += ["Memory per actor (slope of all procs' PSS over N):", "", *results.marginal(), ""]
     if results.model():
@@ -346,11 +353,15 @@ def main() -> None:
                 if v == "monarch":
                     rows, err = harness.run_once(real, extra, args.timeout)
                 else:
-                    with single_broker() if v == "ours" else three_nodes() as (url, monitors):
-                        ours.env = {"MONARCH_NATS_URL": url, "MONARCH_OPEN_BROKER_OK": "1"}
+                    broker = three_nodes() if v == "cluster" else single_broker()
+                    layout = ["--layout", "per_proc"] if v == "per_proc" else []
+                    with broker as (url, monitors):
+                        # PYTHONPATH: our runs import the `monarch` beside this script
+                        ours.env = {"MONARCH_NATS_URL": url, "MONARCH_OPEN_BROKER_OK": "1",
+                                    "PYTHONPATH": str(ROOT)}  # fmt: skip
                         with Spread(monitors) as spread:
                             rows, err = harness.run_once(
-                                ours, [*extra, "--varz", ",".join(monitors)], args.timeout
+                                ours, [*extra, *layout, "--varz", ",".join(monitors)], args.timeout
                             )
                         if v == "cluster":
                             results.spread.setdefault(p, []).append(spread.most)

@@ -52,8 +52,9 @@ class Settings(BrokerSettings):
     batch_max: int = Field(
         1000,
         ge=0,
-        description="Most fire-and-forget messages to one subject sent as one NATS message "
-        "(0: each travels alone).",
+        description="Most fire-and-forget messages to one subject sent as one NATS message, "
+        "and most replies of a proc's actors of a per_proc mesh to one call (0: each travels "
+        "alone).",
     )
     busy_poll_us: int = Field(
         0,

@@ -27,6 +27,10 @@ actors report) and of every process the run added (the client's descendants
 and the procs, less what was there before: broker, zygote, Monarch's host
 processes). Prints JSON lines (see _common.py).
 
+``--layout per_proc`` (ours only): the N actors are one mesh,
+``procs.per_proc(actors=N/P)``, so a broadcast is one call whose replies leave
+each proc as one message (``ProcMesh.per_proc``; Monarch 0.7 has no such layout).
+
 ``--varz URL[,URL]`` (ours only, where the driver started the broker with HTTP
 monitoring: ``benchmarks/bench_scale.py``): the brokers' own counters
 (``/varz``, summed over the nodes) before and after the timed gather rounds
@@ -237,6 +241,8 @@ def actors_point(rep: Reporter, n: int, args: argparse.Namespace, before: set[in
     t = time.perf_counter()
     if n < width:
         meshes = [procs.slice(gpus=slice(0, n)).spawn("grow0", Echo)]
+    elif args.layout == "per_proc":  # ours: one mesh, n/width actors in each proc
+        meshes = [procs.per_proc(actors=n // width).spawn("grow", Echo)]
     else:
         meshes = [procs.spawn(f"grow{i}", Echo) for i in range(n // width)]
     for f in [m.ping.call(0) for m in meshes]:
@@ -259,6 +265,8 @@ def main() -> None:
     ap.add_argument("--fire", type=int, default=FIRE_FULL, help="fire-and-forget messages")
     ap.add_argument("--results", help="also append the result lines to this file")
     ap.add_argument("--varz", default="", help="brokers' HTTP monitor URLs (ours; see above)")
+    ap.add_argument("--layout", choices=("meshes", "per_proc"), default="meshes",
+                    help="N actors as N/P meshes of P (both), or one per_proc mesh (ours)")  # fmt: skip
     args = ap.parse_args()
     args.skip = set()
     args.varz = [u for u in args.varz.split(",") if u.strip()]

@@ -244,10 +244,14 @@ class MeshState:
         if not self.proc_uids:
             return
 
-        requests = [  # ranks already dead have nobody to answer
+        # one request per proc (a per_proc mesh has several ranks in one); ranks already
+        # dead have nobody to answer
+        live = dict.fromkeys(
+            uid for rank, uid in enumerate(self.proc_uids) if rank not in self.dead
+        )
+        requests = [
             (subjects.ctl_proc(self.rt.namespace, uid), dumps(self.uid), {m.KIND: "stop_mesh"})
-            for rank, uid in enumerate(self.proc_uids)
-            if rank not in self.dead
+            for uid in live
         ]
         await request_all(self.rt, requests, self.rt.settings.stop_timeout + 5, absent_ok=True)
 

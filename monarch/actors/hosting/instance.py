@@ -52,6 +52,10 @@ log = logging.getLogger(__name__)
 class ActorInstance(Delivery, Dispatch, Replying):
     """One live actor in this proc."""
 
+    # Where its proc's server keeps it: the mesh uid, or ``<uid>[<rank>]`` for an actor
+    # of a ``per_proc`` mesh (several here); set when it is placed.
+    server_key = ""
+
     def __init__(
         self,
         rt: Runtime,

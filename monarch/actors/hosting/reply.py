@@ -5,6 +5,14 @@ thread when nothing else waits (:meth:`Replying._reply_from_thread`); each reply
 is kept by the process's lost-replies record, should the broker lose it. A failed or
 stopping actor refuses what it is sent (:meth:`Replying._refuse`), saying why.
 
+An actor of a mesh with several actors per proc (``ProcMesh.per_proc``) answers a
+call that went to its whole local group on the loop, as a *batchable* message: the
+replies of the group's actors to one call, written in one loop turn, leave as one
+NATS message (the runtime's batch, :mod:`monarch.broker.bodies.batch`, which the
+caller's intake takes apart reply by reply, so its per-rank checks, ordering and
+lost-reply accounting are those of single replies). A batch never waits past its
+loop turn and never crosses a message to another subject, so nothing is reordered.
+
 A mixin of :class:`~monarch.actors.hosting.instance.ActorInstance`, which holds
 the state it uses (set in its ``__init__``).
 """
@@ -35,6 +43,18 @@ log = logging.getLogger(__name__)
 
 class Replying:
     """Answering a handled message: its reply, an error, or a refusal."""
+
+    # Trailing dimensions of this actor's mesh that are actors of one proc
+    # (``ProcMesh.per_proc``); 0: one actor of its mesh per proc.
+    group_dims = 0
+
+    def _to_whole_group(self, msg: Msg) -> bool:
+        """Whether ``msg`` went to every actor of this mesh in this proc (its subject's
+        per-proc coordinates all ``_``): their replies may leave as one message."""
+        g = self.group_dims
+        if not g or not msg.reply:
+            return False
+        return all(t == "_" for t in (getattr(msg, "subject", "") or "").rsplit(".", g)[1:])
 
     def _respond_unknown(self, msg: Msg) -> None:
         name = (msg.headers or {}).get(m.ENDPOINT, "")
@@ -82,7 +102,9 @@ class Replying:
             )
             ok, body = False, m.encode_error(too_big)
         wait = bool(msg.headers and m.WAIT in msg.headers)
-        self._publish_reply(msg.reply, "reply" if ok else "error", body, wait, at)
+        self._publish_reply(
+            msg.reply, "reply" if ok else "error", body, wait, at, self._to_whole_group(msg)
+        )
 
     def _reply_from_thread(self, msg: Msg, body: bytes, prop: EndpointProperty, at: int) -> bool:
         """On the actor's thread: write a call's plain reply itself; False: nothing sent,
@@ -99,6 +121,7 @@ class Replying:
         if (
             not msg.reply
             or not self._runner.idle()  # type: ignore[union-attr]  (a burst: the loop batches)
+            or self._to_whole_group(msg)  # the loop writes the group's replies as one
             or prop.explicit_response_port
             or self.failed is not None
             or not stays_inline(len(body))
@@ -123,13 +146,19 @@ class Replying:
         return headers
 
     def _publish_reply(
-        self, subject: str, kind: str, body: bytes, wait: bool = False, at: int | None = None
+        self,
+        subject: str,
+        kind: str,
+        body: bytes,
+        wait: bool = False,
+        at: int | None = None,
+        batchable: bool = False,
     ) -> None:
         headers = self._reply_headers(kind, wait, at)
         replies = actor_process(self.rt).replies
         if replies is not None:
             replies.sent(subject, self.rank, body, headers)  # kept, should it be lost
-        self.rt.publish(subject, body, headers)
+        self.rt.publish(subject, body, headers, batchable=batchable)
 
     def _refuse(self, msg: Msg) -> None:
         if not getattr(msg, "reply", None):

@@ -9,6 +9,7 @@ served one at a time, in order; ``stop`` and ``stop_mesh`` at once (see ``_take`
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
@@ -94,28 +95,35 @@ class ProcServer:
         an ``__init__`` that blocks, or never returns, holds back no other control
         message (the next spawn, a ``ping``); its own answer is sent when it has run."""
         try:
-            inst, built = await self._place_from(msg)
+            placed = await self._place_from(msg)
         except Exception as e:
             log.debug("control spawn failed: %r", e)
             self._reply(msg, False, m.encode_error(e))
             return
-        task = self.rt.loop.create_task(self._answer_spawn(msg, inst, built))
+        task = self.rt.loop.create_task(self._answer_spawn(msg, placed))
         self._building.add(task)
         task.add_done_callback(self._building.discard)
 
-    async def _answer_spawn(self, msg: Msg, inst: ActorInstance, built: asyncio.Future) -> None:
-        try:
-            await self._constructed(inst, built)
-        except BaseException as e:  # CancelledError too: a stop cut its __init__ off
-            self._reply(
-                msg,
-                False,
-                m.encode_error(
-                    e
-                    if isinstance(e, Exception)
-                    else RuntimeError(f"actor {inst.actor_id} was stopped during __init__")
-                ),
-            )
+    async def _answer_spawn(
+        self, msg: Msg, placed: list[tuple[ActorInstance, asyncio.Future]]
+    ) -> None:
+        """Answer once every actor placed for this spawn has run ``__init__`` (one,
+        or a proc's share of a ``per_proc`` mesh); the first that failed is the answer."""
+        failed: tuple[ActorInstance, BaseException] | None = None
+        for inst, built in placed:
+            try:
+                await self._constructed(inst, built)
+            except BaseException as e:  # CancelledError too: a stop cut its __init__ off
+                if failed is None:
+                    failed = (inst, e)
+        if failed is not None:
+            inst, e = failed
+            for other, _ in placed:  # the spawn failed: none of its actors stays
+                if other is not inst and self.actors.pop(other.server_key, None) is other:
+                    await other.stop(self.rt.settings.stop_timeout)
+            if not isinstance(e, Exception):
+                e = RuntimeError(f"actor {inst.actor_id} was stopped during __init__")
+            self._reply(msg, False, m.encode_error(e), inst.rank if len(placed) > 1 else None)
             return
         self._reply(msg, True, dumps(None))
 
@@ -130,38 +138,53 @@ class ProcServer:
             log.debug("control %s failed: %r", kind, e)
             self._reply(msg, False, m.encode_error(e))
 
-    def _reply(self, msg: Msg, ok: bool, body: bytes) -> None:
+    def _reply(self, msg: Msg, ok: bool, body: bytes, actor_rank: int | None = None) -> None:
         if msg.reply:
             rank = (msg.headers or {}).get(m.RANK, "0")
             headers = {m.KIND: "ok" if ok else "error", m.RANK: rank, m.FROM: self.rt.proc_uid}
+            if actor_rank is not None:  # which of this proc's actors of the mesh failed
+                headers[m.ACTOR_RANK] = str(actor_rank)
             self.rt.publish(msg.reply, body, headers)
 
     async def _on_ping(self, msg: Msg) -> str:
         return self.rt.proc_uid
 
     async def _on_spawn(self, msg: Msg) -> None:
-        inst, built = await self._place_from(msg)
-        await self._constructed(inst, built)
+        for inst, built in await self._place_from(msg):
+            await self._constructed(inst, built)
 
-    async def _place_from(self, msg: Msg) -> tuple[ActorInstance, asyncio.Future]:
+    async def _place_from(self, msg: Msg) -> list[tuple[ActorInstance, asyncio.Future]]:
+        """The actors a spawn message asks of this proc: one, or ``k`` of a ``per_proc``
+        mesh (ranks ``i*k .. i*k+k-1`` for the proc at position ``i``), all placed."""
         if self.stopped.is_set():
             raise RuntimeError(f"proc {self.rt.proc_uid} is stopping: it spawns no more actors")
         spec = await decode_body_async(msg.data)  # big __init__ arguments travel out of band
-        rank = int((msg.headers or {})[m.RANK])
+        position = int((msg.headers or {})[m.RANK])
         extent = Extent(spec["labels"], spec["sizes"])
         owner_proc, owner_actor = spec.get("owner") or (self.rt.root_uid, "client")
-        return await self.place_instance(
-            spec["name"],
-            spec["uid"],
-            rank,
-            extent,
-            resolve_class(spec["cls"]),
-            tuple(spec["args"]),
-            spec["kwargs"],
-            owner=(owner_proc, owner_actor),
-            proc_mesh=proc_mesh_from_fields(spec["proc_mesh"]) if spec.get("proc_mesh") else None,
-            creator=CreatorInstance.from_chain(spec.get("creator")),
-        )
+        k, group_dims = spec.get("per_proc") or (1, 0)
+        cls = resolve_class(spec["cls"])
+        proc_mesh = proc_mesh_from_fields(spec["proc_mesh"]) if spec.get("proc_mesh") else None
+        placed: list[tuple[ActorInstance, asyncio.Future]] = []
+        try:
+            for j in range(k):
+                rank = position * k + j
+                args, kwargs = tuple(spec["args"]), spec["kwargs"]
+                if j:  # each actor its own arguments, as if each had been sent its own
+                    args, kwargs = _own_copy(args, kwargs)
+                inst, built = await self.place_instance(
+                    spec["name"], spec["uid"], rank, extent, cls, args,
+                    kwargs, owner=(owner_proc, owner_actor), proc_mesh=proc_mesh,
+                    creator=CreatorInstance.from_chain(spec.get("creator")),
+                    group_dims=group_dims if k > 1 else 0,
+                )  # fmt: skip
+                placed.append((inst, built))
+        except BaseException:
+            for inst, built in placed:
+                built.cancel()
+                await self._unplace(inst)
+            raise
+        return placed
 
     async def spawn_instance(
         self,
@@ -200,18 +223,25 @@ class ProcServer:
         owner: tuple[str, str] | None = None,
         proc_mesh: Any = None,
         creator: CreatorInstance | None = None,
+        group_dims: int = 0,
     ) -> tuple[ActorInstance, asyncio.Future]:
         """Make one actor here, its ``__init__`` queued first in its mailbox, and subscribe
-        it; the future: ``__init__`` has run (see :meth:`_constructed`)."""
+        it; the future: ``__init__`` has run (see :meth:`_constructed`).
+
+        ``group_dims``: the trailing dimensions of a ``per_proc`` mesh (several of its
+        actors here); such an actor is kept under ``<uid>[<rank>]``, a lone one under
+        its mesh's uid (what the tensor engine and a local mesh look it up by)."""
         inst = ActorInstance(
             self.rt, name=name, uid=uid, rank=rank, extent=extent, cls=cls, proc_mesh=proc_mesh,
             creator=creator if creator is not None else CreatorInstance.from_chain([_ROOT]),
         )  # fmt: skip
         inst.owner_proc, inst.owner_actor = owner or (self.rt.proc_uid, "client")
+        inst.group_dims = group_dims
+        inst.server_key = f"{uid}[{rank}]" if group_dims else uid
         built = inst.begin_construct(args, kwargs)
         inst.on_stopped = self._forget
         inst.on_failure = self._actor_failed
-        self.actors[uid] = inst
+        self.actors[inst.server_key] = inst
         try:
             coords = extent.coords(rank)
             for subject in subjects.point_subscriptions(self.rt.namespace, name, uid, coords):
@@ -235,8 +265,8 @@ class ProcServer:
         await inst._unsubscribe()
 
     def _forget(self, inst: ActorInstance) -> None:
-        if self.actors.get(inst.uid) is inst:
-            del self.actors[inst.uid]
+        if self.actors.get(inst.server_key) is inst:
+            del self.actors[inst.server_key]
 
     def find(self, actor_id: str) -> ActorInstance | None:
         """The live actor of this process with that id (owners are looked up this way)."""
@@ -280,9 +310,11 @@ class ProcServer:
 
     async def _on_stop_mesh(self, msg: Msg) -> None:
         uid = loads(msg.data)
-        inst = self.actors.pop(uid, None)
-        if inst is not None:
-            await inst.stop(self.rt.settings.stop_timeout)
+        keys = [key for key, inst in self.actors.items() if inst.uid == uid]
+        stopping = [inst for inst in (self.actors.pop(key, None) for key in keys) if inst]
+        if stopping:  # a per_proc mesh's actors here stop side by side
+            timeout = self.rt.settings.stop_timeout
+            await asyncio.gather(*(inst.stop(timeout) for inst in stopping))
 
     async def _on_stop(self, msg: Msg) -> None:
         await self.stop_all()
@@ -307,6 +339,18 @@ class ProcServer:
     def handle(self, kind: str, handler: Callable[[Msg], Awaitable[Any]]) -> None:
         """Serve control messages of ``kind`` with ``handler`` too (the root's ``controller``)."""
         self._handlers[kind] = handler
+
+
+def _own_copy(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A copy of a spawn's ``__init__`` arguments for the second and later actors of a
+    ``per_proc`` mesh in one proc (they were decoded once: big ones travel out of band
+    and are fetched once per proc). What cannot be copied is shared, with a warning."""
+    try:
+        return copy.deepcopy((args, kwargs))
+    except Exception as e:
+        log.warning("__init__ arguments could not be copied for each actor of this proc; "
+                    "its actors share them (%r)", e)  # fmt: skip
+        return args, kwargs
 
 
 # Control kinds served beside the queue, not in its order (see ProcServer._take).

@@ -30,11 +30,20 @@ from typing import Any
 
 from monarch.actors.errors import ActorError, RemoteException
 from monarch.broker.bodies.codec import CodecError, dumps, loads
-from monarch.broker.vocabulary.headers import ENDPOINT, FROM, KIND, MSG_RANK, RANK, SEQ, WAIT
+from monarch.broker.vocabulary.headers import (
+    ACTOR_RANK,
+    ENDPOINT,
+    FROM,
+    KIND,
+    MSG_RANK,
+    RANK,
+    SEQ,
+    WAIT,
+)
 from monarch.core.runtime import LocalMsg
 from monarch.rdma.bulk import decode_body
 
-__all__ = ["ENDPOINT", "FROM", "KIND", "MSG_RANK", "RANK", "SEQ", "WAIT"]
+__all__ = ["ACTOR_RANK", "ENDPOINT", "FROM", "KIND", "MSG_RANK", "RANK", "SEQ", "WAIT"]
 __all__ += ["decode_error", "decode_reply", "encode_error"]
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -36,7 +37,7 @@ from monarch.actors.errors import (
     MeshStoppedError,
 )
 from monarch.actors.meshes.mesh_ops import MeshShapeOps
-from monarch.actors.meshes.shape import View
+from monarch.actors.meshes.shape import Extent, View
 from monarch.actors.process_state import actor_process
 from monarch.actors.procs import mesh_table
 from monarch.actors.procs.log_collection import LogMode
@@ -97,6 +98,35 @@ class ProcMesh(MeshShapeOps):
         ``__init__`` arguments are checked here (``TypeError``); a failing
         ``__init__`` makes calls on the mesh raise :class:`SpawnError`.
         """
+        return self._spawn(name, Class, args, kwargs, {})
+
+    def per_proc(self, **dims: int) -> PerProc:
+        """Several actors of one mesh in each proc: ``procs.per_proc(workers=4).spawn(...)``.
+
+        Our extension (Monarch 0.7 places one actor per proc per mesh, so N
+        actors on P procs are N/P meshes there). The actor mesh has this proc
+        mesh's dimensions and then ``dims`` (each a new dimension name and its
+        size; the last varies fastest): the actor at rank ``i * k + j`` (``k``
+        the product of the sizes) is the ``j``-th of the proc at position ``i``.
+        Each is an actor of its own (mailbox, thread or task, supervision,
+        failure); a call to the whole mesh is answered by each proc's actors
+        in one NATS message where they answer within one turn of its loop
+        (async endpoints do; :mod:`monarch.actors.hosting.reply`), so a
+        gather's messages grow with procs, not actors (docs/scale.md).
+        """
+        labels = self._view.extent.labels
+        if not dims:
+            raise TypeError("per_proc() needs at least one dimension, e.g. per_proc(workers=4)")
+        for label, size in dims.items():
+            if label in labels:
+                raise ValueError(f"per_proc: {label!r} is already a dimension of {self!r}")
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(f"per_proc: {label}={size!r} must be a whole number >= 1")
+        return PerProc(self, dict(dims))
+
+    def _spawn(
+        self, name: str, Class: type[A], args: tuple, kwargs: dict, dims: dict[str, int]
+    ) -> ActorMesh[A]:
         subjects.check_token(name, "actor mesh name")
         cls = check_actor_class(Class)
         clashes = sorted(n for n in endpoints_of(cls) if hasattr(ActorMesh, n))
@@ -119,7 +149,8 @@ class ProcMesh(MeshShapeOps):
         except ValueError:
             pass  # no signature available (builtins): let __init__ decide
         view = self._view
-        extent = view.extent
+        per_proc = math.prod(dims.values()) if dims else 1
+        extent = Extent([*view.extent.labels, *dims], [*view.extent.sizes, *dims.values()])
         mesh_uid = subjects.new_uid()
         spec = {
             "name": name,
@@ -136,6 +167,8 @@ class ProcMesh(MeshShapeOps):
             # context().actor_instance.creator (and the names in str(instance)): who spawns
             "creator": context().actor_instance.creator_chain(),
         }
+        if dims:  # k actors of this mesh per proc, the last len(dims) dimensions
+            spec["per_proc"] = [per_proc, len(dims)]
         if not isinstance(spec["cls"], str) and not st.rt.settings.pickle:
             raise PicklingForbiddenError(
                 f"actor class {cls.__qualname__} is defined in {cls.__module__} (not importable "
@@ -150,10 +183,11 @@ class ProcMesh(MeshShapeOps):
         mesh_state.owner_proc, mesh_state.owner_actor = st.rt.proc_uid, sender_id()
         owned_by_caller(mesh_state)
         proc_ranks = list(view.ranks)
+        actor_procs = [pr for pr in proc_ranks for _ in range(per_proc)]  # per actor rank
 
         def register() -> None:
-            st.actor_meshes.append((mesh_state, proc_ranks))
-            task = st.rt.loop.create_task(st.spawn_actors(mesh_state, proc_ranks, body))
+            st.actor_meshes.append((mesh_state, actor_procs))
+            task = st.rt.loop.create_task(st.spawn_actors(mesh_state, proc_ranks, body, per_proc))
             st.spawning[task] = mesh_state
             task.add_done_callback(lambda done: st.spawning.pop(done, None))
 
@@ -318,6 +352,21 @@ class ProcMesh(MeshShapeOps):
 
     def __repr__(self) -> str:
         return f"<ProcMesh {self._state.name!r} {self._view.extent!r}>"
+
+
+class PerProc:
+    """``ProcMesh.per_proc(...)``: spawns meshes with several actors in each proc."""
+
+    def __init__(self, procs: ProcMesh, dims: dict[str, int]) -> None:
+        self._procs = procs
+        self._dims = dims
+
+    def spawn(self, name: str, Class: type[A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
+        """As :meth:`ProcMesh.spawn`, with ``k`` actors per proc (see :meth:`ProcMesh.per_proc`)."""
+        return self._procs._spawn(name, Class, args, kwargs, self._dims)
+
+    def __repr__(self) -> str:
+        return f"<per_proc {self._dims} of {self._procs!r}>"
 
 
 def this_proc() -> ProcMesh:

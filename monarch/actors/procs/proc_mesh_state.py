@@ -287,7 +287,11 @@ class ProcMeshState:
                 )
         await sup.watcher.listening(watched)
 
-    async def spawn_actors(self, mesh_state: MeshState, proc_ranks: list[int], body: bytes) -> None:
+    async def spawn_actors(
+        self, mesh_state: MeshState, proc_ranks: list[int], body: bytes, per_proc: int = 1
+    ) -> None:
+        """Spawn the mesh's actors, ``per_proc`` on each of ``proc_ranks`` (``ProcMesh.per_proc``:
+        the actor at rank ``i * per_proc + j`` lives on the proc at position ``i``)."""
         try:
             await asyncio.shield(self.ready)
             if self.stopping:
@@ -297,8 +301,10 @@ class ProcMeshState:
                 f"spawning actor mesh {mesh_state.name!r}", proc_ranks, "spawn", body,
                 fail_fast=True,
             )  # fmt: skip
-            for rank, reply in enumerate(replies):
-                if reply is not None and (reply.headers or {}).get(m.KIND) == "error":
+            for position, reply in enumerate(replies):
+                headers = (reply.headers or {}) if reply is not None else {}
+                if headers.get(m.KIND) == "error":
+                    rank = int(headers.get(m.ACTOR_RANK) or position * per_proc)
                     err = m.decode_error(
                         reply.data,
                         actor_id=mesh_state.actor_id(rank),
@@ -312,12 +318,13 @@ class ProcMeshState:
             if sup is not None and not isinstance(e, MeshStoppedError):
                 cause = getattr(e, "__cause__", None)
                 failure = MeshFailure(
-                    mesh_state.name, mesh_state.uid, list(range(len(proc_ranks))), "init_failed",
+                    mesh_state.name, mesh_state.uid, list(range(len(proc_ranks) * per_proc)),
+                    "init_failed",
                     str(e), exception=e, traceback=getattr(cause, "traceback", ""),
                 )  # fmt: skip
                 sup.report(mesh_state.owner_proc, mesh_state.owner_actor, failure)
             return
-        mesh_state.proc_uids = [self.procs[pr].uid for pr in proc_ranks]
+        mesh_state.proc_uids = [self.procs[pr].uid for pr in proc_ranks for _ in range(per_proc)]
         self._bind_local(mesh_state)
         mesh_state.mark_ready()
 

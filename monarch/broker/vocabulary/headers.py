@@ -16,6 +16,7 @@ SEQ = "Mon-Seq"
 SENT = "Mon-Sent"
 RANK = "Mon-Rank"
 MSG_RANK = "Mon-Msg-Rank"
+ACTOR_RANK = "Mon-Actor-Rank"
 WAIT = "Mon-Wait"
 COUNT = "Mon-Count"
 ADHOC = "Mon-Adhoc"
@@ -43,6 +44,8 @@ TABLE: dict[str, str] = {
     RANK: "the replier's rank in its mesh (replies), or the receiver's rank (spawn)",
     MSG_RANK: "on replies and port messages from an actor the message reached through a "
     "slice: its rank within that slice (a ranked PortReceiver's rank, as in Monarch)",
+    ACTOR_RANK: "on a proc's failed answer to a spawn of several actors per proc "
+    "(ProcMesh.per_proc): the rank of the actor whose __init__ failed",
     WAIT: "one: a caller blocks on this single reply, so both sides busy-poll briefly "
     "(monarch.core.busy_poll)",
     COUNT: "how many messages a batch holds (monarch.broker.bodies.batch)",

@@ -1,0 +1,170 @@
+"""Several actors of one mesh in each proc (``ProcMesh.per_proc``), and their replies.
+
+Real procs and a real nats-server: the actors' ranks and places, one reply
+message per proc for a call to the whole mesh (watched on the wire as a NATS
+client would see it), per-rank failure inside such a message, slices, a proc
+that dies with several ranks, a failing ``__init__``, and stopping.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from monarch.actor import Actor, ActorError, SpawnError, SupervisionError, context, endpoint
+from monarch.broker.vocabulary import headers as hdr
+from monarch.core.process_runtime import runtime
+from tests.helpers import captured_traffic, proc_mesh_fixture, wait_until
+
+procs = proc_mesh_fixture({"gpus": 2}, name="pp_procs")
+
+
+class Worker(Actor):
+    def __init__(self, tag: str, seen: list) -> None:
+        self.tag = tag
+        seen.append(self.tag)  # each actor its own copy of the arguments
+        self.seen = seen
+
+    @endpoint
+    async def where(self) -> tuple[int, int, dict, str, int]:
+        point = context().message_rank  # where the message went: the slice's coordinates
+        me = context().actor_instance.rank.rank
+        return me, os.getpid(), dict(point), self.tag, len(self.seen)
+
+    @endpoint
+    async def ping(self, x: int) -> int:
+        return x
+
+    @endpoint
+    async def fail_on(self, rank: int) -> int:
+        me = context().message_rank.rank
+        if me == rank:
+            raise ValueError(f"rank {me} fails on purpose")
+        return me
+
+    @endpoint
+    async def die(self) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SyncWorker(Actor):
+    @endpoint
+    def ping(self, x: int) -> int:
+        return x
+
+
+class FailsOnRank(Actor):
+    def __init__(self, rank: int) -> None:
+        if context().actor_instance.rank.rank == rank:
+            raise RuntimeError(f"__init__ of rank {rank} fails on purpose")
+
+    @endpoint
+    async def ping(self) -> int:
+        return 1
+
+
+def test_per_proc_places_k_actors_in_each_proc_in_row_major_order(procs):
+    mesh = procs.per_proc(workers=3).spawn("pp_where", Worker, "t", [])
+    assert dict(mesh.extent) == {"gpus": 2, "workers": 3}
+    got = list(mesh.where.call().get(timeout=60).values())
+    assert [g[0] for g in got] == list(range(6))
+    assert [g[2] for g in got] == [{"gpus": i, "workers": j} for i in range(2) for j in range(3)]
+    pids = [g[1] for g in got]
+    assert pids[0] == pids[1] == pids[2] != pids[3] == pids[4] == pids[5]
+    assert [g[4] for g in got] == [1] * 6  # no actor saw another's copy of `seen`
+    mesh.stop().get(timeout=60)
+
+
+def test_a_call_to_the_whole_mesh_leaves_each_proc_as_one_message(procs):
+    mesh = procs.per_proc(workers=3).spawn("pp_bundle", Worker, "t", [])
+    assert list(mesh.ping.call(0).get(timeout=60).values()) == [0] * 6  # spawned, answering
+    ns = runtime().namespace
+    with captured_traffic(os.environ["MONARCH_NATS_URL"], f"mon.{ns}.port.>") as seen:
+        for i in range(5):
+            assert list(mesh.ping.call(i).get(timeout=60).values()) == [i] * 6
+    replies = [h for _, h, _ in seen if h.get(hdr.KIND) in ("batch", "reply")]
+    carried = [int(h.get(hdr.COUNT, "1")) for h in replies]
+    assert sum(carried) == 30  # every reply, once
+    # Async endpoints answer within one turn of their proc's loop: one message per proc
+    # per call (a split by the socket's reads would show as more, never as a loss).
+    assert len(replies) < 30 and max(carried) == 3, carried
+    mesh.stop().get(timeout=60)
+
+
+def test_sync_endpoints_of_a_group_answer_every_rank(procs):
+    mesh = procs.per_proc(workers=4).spawn("pp_sync", SyncWorker)
+    for i in range(3):
+        assert list(mesh.ping.call(i).get(timeout=60).values()) == [i] * 8
+    mesh.stop().get(timeout=60)
+
+
+def test_one_failing_rank_inside_a_proc_is_named_and_the_others_answer(procs):
+    mesh = procs.per_proc(workers=3).spawn("pp_fail", Worker, "t", [])
+    with pytest.raises(ActorError) as caught:
+        mesh.fail_on.call(4).get(timeout=60)
+    assert "rank 4 fails on purpose" in str(caught.value)
+    assert caught.value.rank == 4
+    # streamed, every rank's outcome arrives, the failure where it happened
+    outcomes = {}
+    for fut in mesh.fail_on.stream(4):
+        try:
+            r = fut.get(timeout=60)
+            outcomes[r] = "ok"
+        except ActorError as e:
+            outcomes[e.rank] = "failed"
+    assert outcomes == {0: "ok", 1: "ok", 2: "ok", 3: "ok", 4: "failed", 5: "ok"}
+    assert list(mesh.ping.call(7).get(timeout=60).values()) == [7] * 6  # the actor lives on
+    mesh.stop().get(timeout=60)
+
+
+def test_a_slice_along_the_per_proc_dimension_reaches_only_its_actors(procs):
+    mesh = procs.per_proc(workers=3).spawn("pp_slice", Worker, "t", [])
+    one_each = mesh.slice(workers=1)
+    got = list(one_each.where.call().get(timeout=60).values())
+    assert [g[0] for g in got] == [1, 4]  # the actors' ranks in the whole mesh
+    assert [g[2] for g in got] == [{"gpus": 0}, {"gpus": 1}]  # their places in the slice
+    assert mesh.slice(gpus=1, workers=2).ping.call_one(5).get(timeout=60) == 5
+    mesh.stop().get(timeout=60)
+
+
+def test_bad_dimensions_are_refused_with_a_clear_error(procs):
+    with pytest.raises(TypeError, match="at least one dimension"):
+        procs.per_proc()
+    with pytest.raises(ValueError, match="already a dimension"):
+        procs.per_proc(gpus=2)
+    with pytest.raises(ValueError, match="whole number >= 1"):
+        procs.per_proc(workers=0)
+
+
+def test_a_failing_init_names_its_rank(procs, root_faults):
+    mesh = procs.per_proc(workers=3).spawn("pp_init", FailsOnRank, 4)
+    with pytest.raises(SpawnError, match="rank 4"):
+        mesh.ping.call().get(timeout=60)
+    root_faults.wait(1)
+
+
+def test_a_proc_that_dies_fails_all_its_ranks_and_only_those(root_faults):
+    from monarch.actor import this_host
+
+    own = this_host().spawn_procs(per_host={"gpus": 2}, name="pp_dying")
+    try:
+        mesh = own.per_proc(workers=3).spawn("pp_die", Worker, "t", [])
+        assert list(mesh.ping.call(1).get(timeout=60).values()) == [1] * 6
+        mesh.slice(gpus=1, workers=0).die.broadcast()
+        failures = root_faults.wait(1, timeout=60)
+        ranks = {r for f in failures if f.mesh_name == "pp_die" for r in f.ranks}
+        assert ranks == {3, 4, 5}, failures
+        assert wait_until(lambda: _raises(mesh.slice(gpus=1).ping.call(2)), timeout=30)
+        assert list(mesh.slice(gpus=0).ping.call(3).get(timeout=60).values()) == [3] * 3
+    finally:
+        own.stop().get(timeout=60)
+
+
+def _raises(fut) -> bool:
+    try:
+        fut.get(timeout=30)
+    except SupervisionError:
+        return True
+    return False
