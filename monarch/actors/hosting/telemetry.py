@@ -57,7 +57,7 @@ def recorded_calls(raw: list[tuple]) -> list[tuple]:
     """The recorder's filter: the actors' raw records (``activity.RAW_CALL_FIELDS``, what
     their threads appended) as records in ``CALL_FIELDS`` order, flow markers left out;
     on the flusher's thread, once per flush."""
-    return [call_record(r) for r in raw if r[4] != FLOW_MARKER]
+    return [call_record(r) for r in without_flow_markers(raw)]
 
 
 def count_calls(records: list[tuple]) -> None:
