@@ -49,6 +49,32 @@ class Worker(Actor):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+class Counter(Actor):
+    """Counts what it hears, and reports its proc's subscriptions for this mesh."""
+
+    def __init__(self) -> None:
+        self.heard = 0
+
+    @endpoint
+    async def hear(self) -> None:
+        self.heard += 1
+
+    @endpoint
+    async def heard_so_far(self) -> int:
+        return self.heard
+
+    @endpoint
+    async def subscriptions(self) -> tuple[list[str], int]:
+        """(this proc's subjects subscribed once for a group, this actor's own count)."""
+        from monarch.actors.hosting.server import local_server
+
+        server = local_server(runtime())
+        me = str(context().actor_instance.actor_id)
+        mine = next(i for i in server.actors.values() if i.actor_id == me)
+        shared = [s for s in server.group_fanout.subjects() if f".{mine.uid}." in s]
+        return shared, len(mine.subscriptions)
+
+
 class SyncWorker(Actor):
     @endpoint
     def ping(self, x: int) -> int:
@@ -91,6 +117,31 @@ def test_a_call_to_the_whole_mesh_leaves_each_proc_as_one_message(procs):
     # per call (a split by the socket's reads would show as more, never as a loss).
     assert len(replies) < 30 and max(carried) == 3, carried
     mesh.stop().get(timeout=60)
+
+
+def test_what_the_whole_group_hears_is_subscribed_once_per_proc_and_heard_once(procs):
+    mesh = procs.per_proc(workers=4).spawn("pp_fanout", Counter)  # 2 dims, 1 of them per proc
+    subs = list(mesh.subscriptions.call().get(timeout=60).values())
+    for shared, own in subs:
+        # (gpus, workers) subjects: (g, _) and (_, _) once for the proc's four actors;
+        # (g, w) and (_, w) each actor's own, beside its two memberships
+        tails = sorted(t.rsplit(".", 2)[1:] for t in shared)
+        assert tails in ([["0", "_"], ["_", "_"]], [["1", "_"], ["_", "_"]]), shared
+        assert own == 4
+    # every actor hears each message once, whatever slice it was sent to
+    mesh.hear.broadcast()  # (_, _): shared
+    mesh.slice(gpus=1).hear.broadcast()  # (1, _): shared, proc 1 only
+    mesh.slice(workers=2).hear.broadcast()  # (_, 2): each actor's own
+    mesh.slice(gpus=0, workers=3).hear.broadcast()  # (0, 3): one actor
+    heard = list(mesh.heard_so_far.call().get(timeout=60).values())
+    assert heard == [1, 1, 2, 2, 2, 2, 3, 2], heard
+    mesh.stop().get(timeout=60)
+    other = procs.per_proc(workers=2).spawn("pp_fanout_after", Counter)
+    for shared, _ in other.subscriptions.call().get(timeout=60).values():
+        assert len(shared) == 2  # its own two; the stopped mesh's were unsubscribed
+    left = other.subscriptions.call().get(timeout=60)
+    assert all("pp_fanout." not in t for shared, _ in left.values() for t in shared)
+    other.stop().get(timeout=60)
 
 
 def test_sync_endpoints_of_a_group_answer_every_rank(procs):

@@ -20,6 +20,7 @@ from nats.aio.msg import Msg
 import monarch.actors.calls.actor_mesh  # noqa: F401  (registers the actor mesh reference type)
 from monarch.actors.calls.actor import resolve_class
 from monarch.actors.calls.context import CreatorInstance, proc_mesh_from_fields
+from monarch.actors.hosting.group_fanout import GroupFanout, shared_by_group
 from monarch.actors.hosting.instance import ActorInstance
 from monarch.actors.hosting.log_forwarding import apply_mode
 from monarch.actors.meshes.shape import Extent
@@ -51,6 +52,7 @@ class ProcServer:
         self._handlers: dict[str, Callable[[Msg], Awaitable[Any]]] = {}  # kinds handed in
         self._nested: set[asyncio.Task] = set()  # stop / stop_mesh handlers running (see _take)
         self._building: set[asyncio.Task] = set()  # spawns whose __init__ runs (see _spawn)
+        self.group_fanout = GroupFanout(rt)  # a per_proc group's shared subjects, once a proc
         rt.set_ctl_handler(self._take)
 
     def _take(self, msg: Msg) -> None:
@@ -230,7 +232,9 @@ class ProcServer:
 
         ``group_dims``: the trailing dimensions of a ``per_proc`` mesh (several of its
         actors here); such an actor is kept under ``<uid>[<rank>]``, a lone one under
-        its mesh's uid (what the tensor engine and a local mesh look it up by)."""
+        its mesh's uid (what the tensor engine and a local mesh look it up by); the
+        subjects its whole group hears are subscribed once for the group
+        (:mod:`monarch.actors.hosting.group_fanout`)."""
         inst = ActorInstance(
             self.rt, name=name, uid=uid, rank=rank, extent=extent, cls=cls, proc_mesh=proc_mesh,
             creator=creator if creator is not None else CreatorInstance.from_chain([_ROOT]),
@@ -245,7 +249,10 @@ class ProcServer:
         try:
             coords = extent.coords(rank)
             for subject in subjects.point_subscriptions(self.rt.namespace, name, uid, coords):
-                inst.subscriptions.append(await self.rt.subscribe_mesh(subject, inst.deliver))
+                if shared_by_group(subject, group_dims):  # the whole group hears it: once
+                    inst.subscriptions.append(await self.group_fanout.join(subject, inst))
+                else:
+                    inst.subscriptions.append(await self.rt.subscribe_mesh(subject, inst.deliver))
         except BaseException:
             built.cancel()
             await self._unplace(inst)

@@ -1,0 +1,114 @@
+"""One subscription per proc for what a ``per_proc`` mesh's whole local group hears.
+
+An actor listens on the 2^d subjects of its coordinates (each dimension its own
+coordinate or ``_``, :func:`~monarch.broker.vocabulary.subjects.point_subscriptions`).
+The ``k`` actors that ``ProcMesh.per_proc`` puts in one proc differ only in the
+trailing dimensions, so the subjects whose trailing tokens are all ``_`` (a call to
+the whole mesh, or to a slice that spans the group) are the same for all ``k``.
+Subscribed by each actor, the broker would send each such message ``k`` times to
+this proc, and the proc would parse and check it ``k`` times: at 512 actors a
+proc, a broadcast was 512 copies per proc (benchmarks/NOTES.md 55). Here such a
+subject is subscribed once per proc and each message is handed to the group's
+actors in rank order, the same ``Msg`` to each (they only read it; each decodes
+its own arguments from its bytes, so no actor sees another's objects).
+
+What an actor hears is unchanged: the same messages, in the same wire order, each
+once, with its own lost-message check (:meth:`Delivery.deliver` runs per actor).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from nats.aio.msg import Msg
+
+from monarch.core.runtime import Runtime
+
+if TYPE_CHECKING:  # annotations only
+    from monarch.actors.hosting.instance import ActorInstance
+
+log = logging.getLogger(__name__)
+
+WILDCARD = "_"
+
+
+def shared_by_group(subject: str, group_dims: int) -> bool:
+    """Whether every actor of a proc's group listens on ``subject``: its last
+    ``group_dims`` tokens (the per-proc dimensions) are all ``_``."""
+    return group_dims > 0 and all(t == WILDCARD for t in subject.rsplit(".", group_dims)[1:])
+
+
+class _Shared:
+    """One subject's subscription and the actors it delivers to, in rank order."""
+
+    def __init__(self) -> None:
+        self.members: tuple[ActorInstance, ...] = ()
+        self.sub: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    def deliver(self, msg: Msg) -> None:
+        for inst in self.members:  # a tuple: a member leaving meanwhile changes nothing here
+            try:
+                inst.deliver(msg)
+            except Exception:  # one actor's intake must not keep the message from the rest
+                log.exception("actor %s: delivery of %s failed", inst.actor_id, msg.subject)
+
+
+class Membership:
+    """An actor's place on a shared subscription; :meth:`unsubscribe` leaves it (the
+    subscription itself ends with its last member). Kept in the actor's
+    ``subscriptions`` beside its own ones, which have the same method."""
+
+    def __init__(self, fanout: GroupFanout, subject: str, inst: ActorInstance) -> None:
+        self._fanout, self._subject, self._inst = fanout, subject, inst
+
+    async def unsubscribe(self) -> None:
+        await self._fanout.leave(self._subject, self._inst)
+
+
+class GroupFanout:
+    """The shared subscriptions of a proc (one per subject, see the module's doc)."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self._shared: dict[str, _Shared] = {}
+
+    def subjects(self) -> list[str]:
+        """The subjects subscribed once for a whole group (for tests and ``ps``)."""
+        return list(self._shared)
+
+    async def join(self, subject: str, inst: ActorInstance) -> Membership:
+        """Deliver ``subject``'s messages to ``inst`` too, subscribing it if it is new."""
+        shared = self._shared.get(subject)
+        if shared is None:
+            shared = self._shared[subject] = _Shared()
+            try:
+                shared.sub.set_result(await self.rt.subscribe_mesh(subject, shared.deliver))
+            except BaseException as e:
+                del self._shared[subject]
+                if isinstance(e, Exception):
+                    shared.sub.set_exception(e)
+                    shared.sub.exception()  # retrieved: whoever waits on it raises it
+                else:
+                    shared.sub.cancel()
+                raise
+        else:
+            await asyncio.shield(shared.sub)  # another member's subscribe still on the way
+        shared.members = tuple(sorted((*shared.members, inst), key=lambda i: i.rank))
+        return Membership(self, subject, inst)
+
+    async def leave(self, subject: str, inst: ActorInstance) -> None:
+        shared = self._shared.get(subject)
+        if shared is None:
+            return
+        shared.members = tuple(i for i in shared.members if i is not inst)
+        if shared.members:
+            return
+        del self._shared[subject]
+        try:
+            sub: Any = shared.sub.result() if shared.sub.done() else None
+            if sub is not None:
+                await sub.unsubscribe()
+        except Exception:  # the connection is closing: nothing more will arrive anyway
+            pass
