@@ -65,7 +65,7 @@ def py_spy() -> str | None:
 def parse_target(target: str | None) -> tuple[str | None, int | None]:
     if target is None:
         return None, None
-    m = _TARGET.match(target)
+    m = _TARGET.fullmatch(target)
     if m is None:
         raise BadInput(f"{target!r} is not MESH or MESH[RANK] (e.g. trainers or trainers[3])")
     return m.group(1), int(m.group(2)) if m.group(2) is not None else None

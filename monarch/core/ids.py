@@ -23,7 +23,7 @@ _LABEL = re.compile(r"^[A-Za-z0-9_.-]*$")
 
 
 def _check_label(label: str | None) -> str | None:
-    if label is not None and (not isinstance(label, str) or not _LABEL.match(label)):
+    if label is not None and (not isinstance(label, str) or not _LABEL.fullmatch(label)):
         raise ValueError(f"a uid label is letters, digits, '_', '.' and '-', got {label!r}")
     return label or None
 
@@ -58,10 +58,10 @@ class Uid:
     def from_string(uid: str) -> Uid:
         """Parse ``str(uid)`` back; ValueError naming the text if it is not one."""
         if isinstance(uid, str):
-            m = _INSTANCE.match(uid)
+            m = _INSTANCE.fullmatch(uid)
             if m:
                 return Uid(m.group(1) or None, int(m.group(2), 16))
-            if _SINGLETON.match(uid):
+            if _SINGLETON.fullmatch(uid):
                 return Uid(uid, None)
         raise ValueError(f"not a uid: {uid!r} (expected 'label<hex>', '<hex>' or a name)")
 

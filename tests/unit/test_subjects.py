@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from monarch.actors.meshes.shape import Extent, View
@@ -50,13 +50,14 @@ def test_any_name_of_letters_digits_dash_and_underscore_is_a_token(name):
 
 
 @given(st.text(min_size=0, max_size=12).filter(lambda t: not re.fullmatch(r"[A-Za-z0-9_-]+", t)))
+@example("0\n")  # a trailing newline: a regex's "$" matches before it (found by this test)
 def test_a_name_that_would_break_a_subject_is_refused_naming_it(name):
     with pytest.raises(ValueError) as info:
         subjects.check_token(name, "mesh name")
     assert repr(name) in str(info.value) and "mesh name" in str(info.value)
 
 
-@pytest.mark.parametrize("bad", ["a.b", "a b", "*", ">", "_", "", "a\nb", None, 3])
+@pytest.mark.parametrize("bad", ["a.b", "a b", "*", ">", "_", "", "a\nb", "a\n", None, 3])
 def test_separators_wildcards_the_lone_underscore_and_non_strings_are_refused(bad):
     with pytest.raises(ValueError, match="cannot be used in a NATS subject"):
         subjects.check_token(bad, "name")  # type: ignore[arg-type]
@@ -163,3 +164,21 @@ def test_a_views_publishes_reach_exactly_its_members_once_each(view):
 def test_a_views_publishes_are_fewest_for_a_whole_mesh(view):
     if len(view) == view.base.nelements:
         assert view.subject_tokens() == [["_"] * len(view.base)]
+
+
+@pytest.mark.parametrize("text", ["job\n", "a<ff>\n", "name\r\n"])
+def test_uids_and_labels_with_a_trailing_newline_are_refused(text):
+    from monarch.core.ids import Uid
+
+    with pytest.raises(ValueError):
+        Uid.from_string(text)
+    with pytest.raises(ValueError):
+        Uid.instance(text)
+
+
+def test_a_stacks_target_with_a_trailing_newline_is_refused():
+    from monarch.cli.stacks import BadInput, parse_target
+
+    assert parse_target("trainers[3]") == ("trainers", 3)
+    with pytest.raises(BadInput):
+        parse_target("trainers\n")

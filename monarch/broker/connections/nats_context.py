@@ -117,7 +117,7 @@ def _mark_of(path: str) -> tuple[str, int] | None:
             st = os.fstat(f.fileno())
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
                 return None
-            match = _MARK.match(json.load(f).get("description", ""))
+            match = _MARK.fullmatch(json.load(f).get("description", ""))
     except (OSError, ValueError, AttributeError):
         return None
     return (match.group(1), int(match.group(2))) if match else None

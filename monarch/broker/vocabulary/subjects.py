@@ -23,7 +23,7 @@ def new_uid() -> str:
 
 def check_token(value: str, what: str) -> str:
     """Reject names that would break a subject (dots, spaces, wildcards)."""
-    if not isinstance(value, str) or not _TOKEN.match(value) or value == WILDCARD:
+    if not isinstance(value, str) or not _TOKEN.fullmatch(value) or value == WILDCARD:
         raise ValueError(
             f"{what} {value!r} cannot be used in a NATS subject: "
             "use letters, digits, '-' and '_' only (and not a lone '_')"
