@@ -112,7 +112,7 @@ def _search_dirs() -> list[str]:
 
 def check_name(name: str) -> str:
     """``name`` if it can name a job (letters, digits, ``-``, ``_``; 64 at most), else ValueError."""
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise ValueError(
             f"invalid job name {name!r}: use letters, digits, '-' and '_' "
             "(64 at most, starting with a letter or digit)"
@@ -213,7 +213,7 @@ def list_jobs(prune: bool = True) -> list[JobRecord]:
 
 def find_job(name: str) -> JobRecord | None:
     """The running job called ``name``, if this user can see one."""
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         return None
     for folder in _search_dirs():
         record = _read(os.path.join(folder, name + _SUFFIX))
