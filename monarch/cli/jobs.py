@@ -97,6 +97,10 @@ def use(args: argparse.Namespace, job: JobRecord) -> str:
         os.environ.pop("MONARCH_AUTH", None)  # would make up a key of its own
     settings.cache_clear()
     args.discovered_job = job
+    # A job that ends while this command connects is said to have ended at once.
+    from monarch.hosts.connect import give_up_when
+
+    give_up_when(lambda: job_records.find_job(job.name) is None)
     return job.url
 
 

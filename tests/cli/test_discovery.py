@@ -151,7 +151,8 @@ def home():
 def busy_job():
     """One job with a proc and a mesh whose endpoint sleeps, shared by the tests that only look."""
     h = Home()
-    job = Job(h, procs=True)
+    # its endpoint sleeps 600 s: a graceful stop at the end waits 1 s for it, not 10
+    job = Job(h, procs=True, MONARCH_STOP_TIMEOUT="1")
     yield h, job
     try:
         job.end()
@@ -307,8 +308,9 @@ def test_a_job_on_an_external_broker_hands_tools_its_credentials_and_key(home):
     with EmbeddedBroker(token=token) as broker:
         plain_url = broker.url.replace(f"{token}@", "")
         job = Job(
-            home, procs=True, MONARCH_NATS_URL=plain_url, MONARCH_NATS_TOKEN=token, MONARCH_AUTH="1"
-        )
+            home, procs=True, MONARCH_NATS_URL=plain_url, MONARCH_NATS_TOKEN=token, MONARCH_AUTH="1",
+            MONARCH_STOP_TIMEOUT="1",  # its end waits 1 s for the sleeping endpoint, not 10
+        )  # fmt: skip
         try:
             assert job.record["embedded"] is False and job.record["url"] == plain_url
             assert job.record["credentials"]["nats_token"] == token
@@ -388,6 +390,16 @@ def test_invalid_job_name_is_refused_naming_the_variable(home):
     )
     assert out.returncode != 0 and "MONARCH_JOB_NAME" in out.stderr
     assert _records(home) == []
+
+
+@pytest.mark.parametrize("bad", ["train\n", "../evil", "", "a" * 65, "-x"])
+def test_a_job_name_that_is_not_a_plain_file_name_is_refused(bad):
+    from monarch.broker.connections.job_records import check_name, find_job
+
+    with pytest.raises(ValueError, match="invalid job name"):
+        check_name(bad)
+    assert find_job(bad) is None
+    assert check_name("train_2-a") == "train_2-a"
 
 
 @pytest.mark.parametrize(
