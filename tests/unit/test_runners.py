@@ -383,3 +383,24 @@ def test_loop_runner_cancel_ends_an_item_in_progress(loop):
     wait_task_end(loop)
     assert cancelled == ["forever"]
     assert on_loop(loop, r.take_pending) == ["never"]
+
+
+def test_loop_runner_wakes_for_each_item_put_while_it_waits_and_cancels_while_idle(loop):
+    handled: list[object] = []
+    got = threading.Event()
+
+    async def handle(item):
+        handled.append(item)
+        got.set()
+
+    r = start_loop_runner(loop, handle)
+    for i in range(3):  # each put finds the runner waiting on an empty mailbox
+        got.clear()
+        on_loop(loop, r.put, i)
+        assert got.wait(WAIT)
+    assert handled == [0, 1, 2]
+    on_loop(loop, r.cancel)  # idle: nothing in progress, nothing left
+    wait_task_end(loop)
+    on_loop(loop, r.put, "late")  # after the end: kept, not handled, no error
+    assert on_loop(loop, r.take_pending) == ["late"]
+    assert handled == [0, 1, 2]

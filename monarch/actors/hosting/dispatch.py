@@ -37,7 +37,7 @@ from monarch.actors.messaging import messages as m
 from monarch.actors.messaging.flow import FLOW_ENDPOINT
 from monarch.broker.bodies.codec import CodecError, dumps
 from monarch.broker.vocabulary.headers import ADHOC
-from monarch.rdma.bulk import decode_body, fetch_async
+from monarch.rdma.bulk import decode_body, fetch_async, is_reference
 from monarch.supervision.failure import MeshFailure, SupervisionFailure
 
 log = logging.getLogger(__name__)
@@ -238,12 +238,14 @@ class Dispatch:
         at = self.rank
         call = self.activity.begin(prop.name, prop.concurrent, msg)
         try:
-            try:
-                data = await fetch_async(msg.data)
-            except Exception as e:  # the message's bytes are gone: not the actor's failure
-                raise MalformedMessageError(
-                    f"{self.actor_id} could not fetch a message: {e}"
-                ) from e
+            data = msg.data
+            if is_reference(data):  # big: its bytes are fetched off the loop (else no await)
+                try:
+                    data = await fetch_async(data)
+                except Exception as e:  # the message's bytes are gone: not the actor's failure
+                    raise MalformedMessageError(
+                        f"{self.actor_id} could not fetch a message: {e}"
+                    ) from e
             args, kwargs, at = self._prepare(prop, msg, data)
             result = await prop._method(self.obj, *args, **kwargs)
             body = self._encode_result(prop, msg, result)

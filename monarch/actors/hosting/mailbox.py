@@ -17,6 +17,7 @@ e.g. ``__init__`` or ``__cleanup__``), and the ``STOP`` sentinel.
 from __future__ import annotations
 
 import asyncio
+import collections
 import queue
 import threading
 from collections.abc import Awaitable, Callable
@@ -119,17 +120,31 @@ class LoopRunner:
         handle: Callable[[Any], Awaitable[None]],
     ) -> None:
         self.loop = loop
-        self._q: asyncio.Queue = asyncio.Queue()
+        # A plain deque and one waiter rather than an asyncio.Queue: the queue's get and
+        # put cost ~9% of a proc's CPU per message with 512 async actors (py-spy,
+        # benchmarks/NOTES.md 58); this runner is the queue's only reader.
+        self._q: collections.deque = collections.deque()
+        self._waiter: asyncio.Future | None = None
         self._handle = handle
         self._task = loop.create_task(self._main(), name=name)
 
     def put(self, item: Any) -> None:
         """On the loop."""
-        self._q.put_nowait(item)
+        self._q.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def _main(self) -> None:
+        q = self._q
         while True:
-            item = await self._q.get()
+            if not q:
+                self._waiter = self.loop.create_future()
+                await self._waiter
+                continue
+            item = q.popleft()
             if item is STOP:
                 return
             if isinstance(item, Job):
@@ -148,13 +163,12 @@ class LoopRunner:
             _settle(job.done, False, e)
 
     def take_pending(self) -> list[Any]:
-        items = []
-        while not self._q.empty():
-            items.append(self._q.get_nowait())
+        items = list(self._q)
+        self._q.clear()
         return items
 
     def close(self) -> None:
-        self._q.put_nowait(STOP)
+        self.put(STOP)
 
     def cancel(self) -> None:
         self._task.cancel()
