@@ -75,6 +75,31 @@ class Counter(Actor):
         return shared, len(mine.subscriptions)
 
 
+class SyncCounter(Actor):
+    """Counter with sync endpoints: each actor has its own thread."""
+
+    def __init__(self) -> None:
+        self.heard = 0
+
+    @endpoint
+    def hear(self) -> None:
+        self.heard += 1
+
+    @endpoint
+    def heard_so_far(self) -> int:
+        return self.heard
+
+    @endpoint
+    def subscriptions(self) -> tuple[list[str], int]:
+        from monarch.actors.hosting.server import local_server
+
+        server = local_server(runtime())
+        me = str(context().actor_instance.actor_id)
+        mine = next(i for i in server.actors.values() if i.actor_id == me)
+        shared = [s for s in server.group_fanout.subjects() if f".{mine.uid}." in s]
+        return shared, len(mine.subscriptions)
+
+
 class SyncWorker(Actor):
     @endpoint
     def ping(self, x: int) -> int:
@@ -142,6 +167,18 @@ def test_what_the_whole_group_hears_is_subscribed_once_per_proc_and_heard_once(p
     left = other.subscriptions.call().get(timeout=60)
     assert all("pp_fanout." not in t for shared, _ in left.values() for t in shared)
     other.stop().get(timeout=60)
+
+
+def test_actors_with_threads_keep_their_own_subscriptions_and_hear_each_message_once(procs):
+    # Handing a burst to hundreds of actor threads at once starved the proc's loop and
+    # heartbeat (benchmarks/NOTES.md 59): such actors take their own copies instead.
+    mesh = procs.per_proc(workers=3).spawn("pp_sync_subs", SyncCounter)
+    for shared, own in mesh.subscriptions.call().get(timeout=60).values():
+        assert shared == [] and own == 4
+    mesh.hear.broadcast()
+    mesh.slice(workers=1).hear.broadcast()
+    assert list(mesh.heard_so_far.call().get(timeout=60).values()) == [1, 2, 1, 1, 2, 1]
+    mesh.stop().get(timeout=60)
 
 
 def test_sync_endpoints_of_a_group_answer_every_rank(procs):

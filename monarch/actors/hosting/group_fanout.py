@@ -14,6 +14,14 @@ its own arguments from its bytes, so no actor sees another's objects).
 
 What an actor hears is unchanged: the same messages, in the same wire order, each
 once, with its own lost-message check (:meth:`Delivery.deliver` runs per actor).
+
+Only groups of actors whose endpoints are all ``async`` (they run on the proc's
+loop) share subscriptions. An actor with sync endpoints has a thread of its own,
+and handing a burst of messages to 1,024 such threads at once made them all
+runnable together: the GIL convoy kept the proc's loop and heartbeat thread from
+running for 3-5 s (a lost heartbeat, the proc taken for dead; benchmarks/NOTES.md
+59). Their own copies from the broker arrive spaced by the loop's parsing, which
+kept that in check, so they keep them.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from monarch.actors.calls.context import CreatorInstance, proc_mesh_from_fields
 from monarch.actors.hosting.group_fanout import GroupFanout, shared_by_group
 from monarch.actors.hosting.instance import ActorInstance
 from monarch.actors.hosting.log_forwarding import apply_mode
+from monarch.actors.hosting.mailbox import LoopRunner
 from monarch.actors.meshes.shape import Extent
 from monarch.actors.messaging import messages as m
 from monarch.actors.process_state import actor_process
@@ -232,9 +233,9 @@ class ProcServer:
 
         ``group_dims``: the trailing dimensions of a ``per_proc`` mesh (several of its
         actors here); such an actor is kept under ``<uid>[<rank>]``, a lone one under
-        its mesh's uid (what the tensor engine and a local mesh look it up by); the
-        subjects its whole group hears are subscribed once for the group
-        (:mod:`monarch.actors.hosting.group_fanout`)."""
+        its mesh's uid (what the tensor engine and a local mesh look it up by); where
+        its endpoints are all async, the subjects its whole group hears are subscribed
+        once for the group (:mod:`monarch.actors.hosting.group_fanout`)."""
         inst = ActorInstance(
             self.rt, name=name, uid=uid, rank=rank, extent=extent, cls=cls, proc_mesh=proc_mesh,
             creator=creator if creator is not None else CreatorInstance.from_chain([_ROOT]),
@@ -246,10 +247,14 @@ class ProcServer:
         inst.on_stopped = self._forget
         inst.on_failure = self._actor_failed
         self.actors[inst.server_key] = inst
+        # Only actors that run on the loop share subscriptions: handing one message to
+        # hundreds of actor threads at once woke them all together, and the GIL convoy
+        # starved the proc's loop and heartbeat for seconds (benchmarks/NOTES.md 59).
+        on_loop = isinstance(inst._runner, LoopRunner)
         try:
             coords = extent.coords(rank)
             for subject in subjects.point_subscriptions(self.rt.namespace, name, uid, coords):
-                if shared_by_group(subject, group_dims):  # the whole group hears it: once
+                if shared_by_group(subject, group_dims) and on_loop:  # the group hears it: once
                     inst.subscriptions.append(await self.group_fanout.join(subject, inst))
                 else:
                     inst.subscriptions.append(await self.rt.subscribe_mesh(subject, inst.deliver))
