@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         try:
-            client.connect(url)
+            client.connect(url, args.connect_timeout)
         except Exception as e:  # noqa: BLE001  (unreachable broker: one line, not a traceback)
             print(f"monarch debug: {e}", file=sys.stderr)
             return 1

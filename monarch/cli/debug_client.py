@@ -45,12 +45,12 @@ class DebugClient:
     def _run(self, coro: Coroutine[Any, Any, Any], bound: float) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(bound)
 
-    def connect(self, url: str) -> None:
+    def connect(self, url: str, timeout: float = 10.0) -> None:
         """Raises ConnectionError (with the broker's address) if it cannot be reached."""
         # Imported here: `monarch --help` must not pay for the broker client.
         from monarch.hosts.connect import connect
 
-        self._nc = self._run(connect(url, "monarch-debug", timeout=10), 15)
+        self._nc = self._run(connect(url, "monarch-debug", timeout=timeout), timeout + 5)
 
     def close(self) -> None:
         if self._nc is not None:

@@ -32,6 +32,13 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _connect_timeout(p: argparse.ArgumentParser, default: float = 10.0) -> None:
+    p.add_argument(
+        "--connect-timeout", type=float, default=default,
+        help=f"seconds to wait for the broker (default {default:g})",
+    )  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="monarch", description="Monarch over NATS: actors for PyTorch, messages on NATS."
@@ -60,12 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--labels", action="append", default=[], metavar="K=V", help="label(s), e.g. mesh=trainers"
     )
     host.add_argument("--capacity", type=int, default=None, help="most procs to run at once")
-    host.add_argument(
-        "--connect-timeout", type=float, default=60.0, help="seconds to wait for the broker"
-    )
+    _connect_timeout(host, 60.0)
 
     ps = sub.add_parser("ps", help="list host agents, procs and actor meshes")
     _common(ps)
+    _connect_timeout(ps)
     ps.add_argument("--json", action="store_true", help="print JSON instead of tables")
     ps.add_argument("--window", type=float, default=1.5, help="seconds to listen for answers")
     ps.add_argument(
@@ -78,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         "stacks", help="print the Python stack of every thread of the job's procs (like py-spy)"
     )
     _common(stacks)
+    _connect_timeout(stacks)
     stacks.add_argument(
         "target", nargs="?", default=None, metavar="MESH[RANK]",
         help="only the procs hosting this actor mesh (or this rank of it); default: all procs",
@@ -99,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         "debug", help="list actors paused at breakpoint() and attach a pdb console to them"
     )
     _common(debug)
+    _connect_timeout(debug)
     debug.add_argument("--list", action="store_true", help="print the paused sessions and exit")
     debug.add_argument(
         "--cast",
@@ -117,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tail = sub.add_parser("tail", help="print live traffic on SUBJECT, decoded")
     _common(tail)
+    _connect_timeout(tail)
     tail.add_argument("subject", nargs="?", default=None, help="default: mon.<namespace>.>")
     tail.add_argument("--width", type=int, default=240, help="cut lines to this many characters")
     tail.add_argument("--count", type=int, default=None, help="stop after this many messages")
@@ -129,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         "query", help='SQL over the telemetry of a namespace: monarch query "SELECT ..."'
     )
     _common(query)
+    _connect_timeout(query)
     query.add_argument("sql", nargs="?", default=None, help="the query (SQLite's dialect)")
     query.add_argument("--tables", action="store_true", help="print the tables and their columns")
     query.add_argument("--timeout", type=float, default=10.0, help="seconds to read the stream")
@@ -145,9 +155,7 @@ def _watch_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--history", type=float, default=600.0, help="seconds of history kept (default 600)"
     )
-    p.add_argument(
-        "--connect-timeout", type=float, default=10.0, help="seconds to wait for the broker"
-    )
+    _connect_timeout(p)
 
 
 def _watch_commands(sub: argparse._SubParsersAction) -> None:
@@ -184,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         return importlib.import_module(f"monarch.cli.{args.command}").run(args)
     except ConnectionError as e:
         if getattr(args, "discovered_job", None) is None:
-            raise
+            # A broker given by URL: its address and how long we tried, not a traceback.
+            print(f"monarch {args.command}: {e}", file=sys.stderr)
+            return 1
         # A job found by its record that cannot be reached has most likely just ended.
         from monarch.cli.jobs import explain_unreachable
 

@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     url, ns = broker_url(args), settings().namespace
 
     async def go() -> dict[str, Any]:
-        nc = await connect(url, "monarch-ps", timeout=10)
+        nc = await connect(url, "monarch-ps", timeout=args.connect_timeout)
         try:
             snap = await snapshot(nc, ns, args.window)
             if args.prune:

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     url, ns = broker_url(args), settings().namespace
 
     async def go() -> list[dict[str, Any]]:
-        nc = await connect(url, "monarch-query", timeout=10)
+        nc = await connect(url, "monarch-query", timeout=args.connect_timeout)
         try:
             return await read_records(nc, ns, args.timeout)
         finally:

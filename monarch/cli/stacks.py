@@ -281,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
     url, ns = broker_url(args), settings().namespace
 
     async def go() -> int:
-        nc = await connect(url, "monarch-stacks", timeout=10)
+        nc = await connect(url, "monarch-stacks", timeout=args.connect_timeout)
         try:
             answers, silent = await discover(nc, ns, args.window)
             known = {p["uid"] for p in [*answers, *silent]}

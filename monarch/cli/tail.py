@@ -114,12 +114,13 @@ async def tail(
     seconds: float | None = None,
     width: int = 240,
     allow_pickle: bool = False,
+    connect_timeout: float = 10.0,
 ) -> int:
     """Print messages on ``subject`` until ``count`` were printed, ``seconds`` passed, or Ctrl-C."""
     # Imported when the subcommand runs, so that `monarch --help` stays fast.
     from monarch.hosts.connect import connect
 
-    nc = await connect(url, "monarch-tail", timeout=10)
+    nc = await connect(url, "monarch-tail", timeout=connect_timeout)
     done = asyncio.Event()
     seen = 0
 
@@ -160,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
                 seconds=args.seconds,
                 width=args.width,
                 allow_pickle=args.pickle,
+                connect_timeout=args.connect_timeout,
             )
         )
     except KeyboardInterrupt:

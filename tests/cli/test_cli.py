@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import nats
+import pytest
 
 from monarch.actor import attach_to_workers
 from monarch.broker.connections.registry import PROCS, open_bucket
@@ -151,7 +152,9 @@ def test_tail_shows_each_message_inside_a_batch():
         def __init__(self, data, headers):
             self.data, self.headers = data, headers
 
-    items = [({"Mon-Kind": "send", "Mon-Endpoint": "ping"}, dumps(((i,), {}, None))) for i in (1, 2)]
+    items = [
+        ({"Mon-Kind": "send", "Mon-Endpoint": "ping"}, dumps(((i,), {}, None))) for i in (1, 2)
+    ]
     lines = format_msg(Raw(batch.pack(items), batch.headers(2))).splitlines()
     assert lines == [
         "mon.default.act.m.u.0 Mon-Kind=batch Mon-Count=2",
@@ -160,3 +163,19 @@ def test_tail_shows_each_message_inside_a_batch():
     ]
     bad = format_msg(Raw(b"\xc1", batch.headers(3)))
     assert bad.startswith("mon.default.act.m.u.0 Mon-Kind=batch Mon-Count=3  <batch on")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["ps"], ["stacks"], ["tail", "--count", "1"], ["query", "SELECT 1"], ["debug", "--list"]],
+)
+def test_an_unreachable_broker_is_a_message_after_the_connect_timeout(command):
+    # Port 1 on loopback: nothing listens, every attempt is refused. The tool gives up after
+    # --connect-timeout (not its 10 s default), names the address and how long it tried, and
+    # prints no traceback.
+    name = command[0]
+    done = monarch(*command, "--nats-url", "nats://127.0.0.1:1", "--connect-timeout", "1")
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert f"monarch {name}: cannot reach the NATS broker at nats://127.0.0.1:1" in done.stderr
+    assert "(tried for 1 s)" in done.stderr
+    assert "Traceback" not in done.stderr
