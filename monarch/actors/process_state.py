@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from monarch.core.runtime import Runtime
 
 if TYPE_CHECKING:  # annotations only: these modules use this one
+    from monarch.actors.hosting.reduce import GroupReducer
     from monarch.actors.hosting.supervisor import Supervisor
     from monarch.actors.messaging.lost_replies import CallProber, ReplyLedger
     from monarch.actors.messaging.lost_sends import SendCounter
@@ -35,6 +36,8 @@ class ActorProcess:
     sends: SendCounter | None = None
     # flow control of port sends, per destination proc (monarch.actors.messaging.port_flow)
     port_flows: PortFlows | None = None
+    # replies of a per_proc group merged on this proc (monarch.actors.hosting.reduce)
+    group_reducer: GroupReducer | None = None
     # this_proc()'s one-proc mesh, made on first use (monarch.actors.procs.proc_mesh)
     this_proc_mesh: Any = None
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import operator
 import os
 import queue
 import random
@@ -34,7 +35,7 @@ import msgpack
 import nats
 import pytest
 
-from monarch.actor import Actor, current_rank, endpoint, this_host
+from monarch.actor import Accumulator, Actor, current_rank, endpoint, this_host
 from monarch.actors.calls.gather import Gather
 from monarch.broker.bodies.codec import dumps
 from monarch.broker.connections import auth
@@ -571,6 +572,64 @@ def test_without_a_key_a_gather_takes_one_reply_per_rank_from_the_actor_it_asked
             k: v - before.get(k, 0) for k, v in Gather.dropped.items() if v != before.get(k, 0)
         }
         assert grown == {"duplicate": 1, "wrong_sender": 1, "unexpected_rank": 1, "no_rank": 1}
+    finally:
+        foreign.close()
+        pm.stop().get(timeout=TIMEOUT)
+
+
+class Holds(Actor):
+    """Answers ``hold`` with its rank once the file named for its rank exists."""
+
+    @endpoint
+    def hold(self, paths: list[str]) -> int:
+        rank = current_rank().rank
+        deadline = time.monotonic() + TIMEOUT
+        while not os.path.exists(paths[rank]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return rank
+
+
+def test_without_a_key_a_merged_reply_must_name_ranks_of_one_proc_that_are_still_due(
+    nats_url, tmp_path
+):
+    # A reducing Accumulator on 2 procs x 2 actors: a foreign client answers for ranks of
+    # two procs, for a rank not asked, in a malformed Mon-Ranks, and again for a proc's
+    # ranks already answered. Each is dropped; the fold is the real 0+1+2+3.
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    foreign = Foreign(nats_url)
+    try:
+        mesh = pm.per_proc(workers=2).spawn("merging", Holds)
+        st = mesh._state
+        release = [tmp_path / f"r{i}" for i in range(4)]
+        seen = foreign.sniff(f"mon.{st.rt.namespace}.act.merging.{st.uid}.>")
+        before = dict(Gather.dropped)
+        summed = Accumulator(mesh.hold, 0, operator.add, reducer=operator.add)
+        call = summed.accumulate([str(p) for p in release])
+        reply_to, headers = reply_subject_of(seen, "hold")
+        assert headers.get("Mon-Reduce", "").startswith(("operator.add ", "_operator.add "))
+        replies = foreign.sniff(reply_to)
+        release[0].touch()
+        release[1].touch()  # proc 0's group answers; proc 1's still holds
+
+        def answered(rank: int) -> bool:
+            return any(str(rank) == h.get("Mon-Rank") or h.get("Mon-Ranks") == "0-1"
+                       for _, _, h, _ in list(replies))  # fmt: skip
+
+        wait_for(lambda: answered(0) and answered(1), "proc 0's answers")
+        forged = [
+            reply(1, st.actor_id(1), 1000, **{"Mon-Ranks": "1-2"}),  # two procs' ranks
+            reply(2, st.actor_id(2), 1000, **{"Mon-Ranks": "2-4"}),  # rank 4 was not asked
+            reply(2, st.actor_id(2), 1000, **{"Mon-Ranks": "2-x"}),  # malformed
+            reply(0, st.actor_id(0), 1000, **{"Mon-Ranks": "0-1"}),  # answered already
+        ]
+        foreign.publish_all([(reply_to, "", h, body) for h, body in forged])
+        release[2].touch()
+        release[3].touch()
+        assert call.get(timeout=TIMEOUT) == 0 + 1 + 2 + 3
+        grown = {
+            k: v - before.get(k, 0) for k, v in Gather.dropped.items() if v != before.get(k, 0)
+        }
+        assert grown == {"unexpected_rank": 3, "duplicate": 1}
     finally:
         foreign.close()
         pm.stop().get(timeout=TIMEOUT)

@@ -202,16 +202,26 @@ class ActorMesh(MeshShapeOps, Generic[A]):
         adhoc: str | None = None,
         flow: bool = True,
         trace: str | None = None,
+        fold: tuple[Any, Any, str] | None = None,
     ) -> Any:
+        """Send a call; its future (or, for ``stream``, one per rank).
+
+        ``fold`` (gather ``"fold"``, an Accumulator given a reducer): the identity, the
+        combine, and the ``Mon-Reduce`` header's value."""
         if _tel.ON and trace is None and flow:  # telemetry off: this check is all it costs
-            return traced_call(self, endpoint, args, kwargs, gather, adhoc)
+            return traced_call(self, endpoint, args, kwargs, gather, adhoc, fold)
         if flow:  # a user's call (not a flow marker) learns of earlier losses
             self._state.raise_if_lost()
         body, headers = self._encode(endpoint, args, kwargs, "call", adhoc)
         tokens, expected = self._targets("choose" if gather == "choose" else "all")
-        if flow and len(expected) == 1 and gather != "stream":
+        if flow and len(expected) == 1 and gather not in ("stream", "fold"):
             headers[m.WAIT] = "one"  # one reply that a caller waits on: busy-poll for it
-        g = Gather(self._state, self._view, expected, gather, endpoint)
+        if fold is not None:
+            headers[m.REDUCE] = fold[2]
+        g = Gather(
+            self._state, self._view, expected, gather, endpoint,
+            fold[:2] if fold is not None else None,
+        )  # fmt: skip
         if trace:  # telemetry on (monarch.actors.calls.tracing): the spans of this call join up
             headers[TRACE] = g.trace = trace
             g.t_sent = time.time()

@@ -266,14 +266,47 @@ def send(
 
 
 class Accumulator(Generic[R]):
-    """Fold the replies of every actor of a mesh: ``Accumulator(mesh.ep, 0, add).accumulate(x)``."""
+    """Fold the replies of every actor of a mesh: ``Accumulator(mesh.ep, 0, add).accumulate(x)``.
 
-    def __init__(self, endpoint: ActorEndpoint, identity: Any, combine: Callable[[Any, Any], Any]):
+    ``reducer`` (keyword, ours; Monarch's Rust accumulators have one, its Python
+    ``Accumulator`` does not) merges two replies into one. Given it, the replies
+    of the actors of a ``per_proc`` mesh that live in one proc are merged there
+    and travel as one message (:mod:`monarch.actors.hosting.reduce`), so a
+    call's replies grow with procs, not actors. It must be associative and
+    commutative, and agree with ``combine``: ``combine(a, reducer(x, y)) ==
+    combine(combine(a, x), y)`` (``sum``: ``operator.add`` for both). It travels
+    with the call (pickled: a lambda is fine; ``MONARCH_PICKLE=0`` refuses it).
+    If it raises on a proc, ``accumulate`` raises that error. Errors are never
+    merged: a failing rank fails the call naming that rank, as without it.
+    """
+
+    def __init__(
+        self,
+        endpoint: ActorEndpoint,
+        identity: Any,
+        combine: Callable[[Any, Any], Any],
+        *,
+        reducer: Callable[[R, R], R] | None = None,
+    ):
         self._endpoint = endpoint
         self._identity = identity
         self._combine = combine
+        self._reducer = reducer
+        self._header: str | None = None
+        if reducer is not None:
+            # Imported here: the wire form is the messaging layer's, and the codec is
+            # only needed by an Accumulator that merges on the procs.
+            from monarch.actors.messaging.reduction import encode_reducer
+
+            self._header = encode_reducer(reducer)  # once: refused here if it cannot travel
 
     def accumulate(self, *args: Any, **kwargs: Any) -> Future[Any]:
+        if self._header is not None:
+            ep = self._endpoint
+            ep._check(args, kwargs)
+            fold = (self._identity, self._combine, self._header)
+            return ep._mesh._call(ep._prop.name, args, kwargs, gather="fold", adhoc=ep._adhoc,
+                                  fold=fold)  # fmt: skip
         futures = list(self._endpoint.stream(*args, **kwargs))
         result: Future[Any] = Future()
         state = {"value": self._identity, "left": len(futures)}

@@ -12,6 +12,7 @@ import collections
 import copy
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from monarch.actors.calls.no_responders import no_responders
@@ -20,6 +21,7 @@ from monarch.actors.meshes.shape import View
 from monarch.actors.meshes.value_mesh import ValueMesh
 from monarch.actors.messaging import messages as m
 from monarch.actors.messaging.flow import FLOW_ENDPOINT
+from monarch.actors.messaging.reduction import decode_ranks
 from monarch.core.future import Future
 from monarch.core.runtime import LocalMsg
 from monarch.rdma.bulk import fetch_async, is_reference
@@ -67,12 +69,16 @@ class Gather:
         expected: list[int],
         mode: str,
         endpoint: str,
+        fold: tuple[Any, Callable[[Any, Any], Any]] | None = None,
     ) -> None:
         self.state = state
         self.view = view
         self.expected = expected
         self._expected = set(expected)
-        self.mode = mode  # "mesh" | "one" | "choose" | "stream"
+        self.mode = mode  # "mesh" | "one" | "choose" | "stream" | "fold"
+        # mode "fold" (an Accumulator given a reducer): the value so far and how a reply
+        # (one rank's, or several merged on their proc) is folded into it
+        self.acc, self._combine = fold if fold is not None else (None, None)
         self.endpoint = endpoint
         self.values: dict[int, Any] = {}
         # Ranks whose reply came as a reference and is being fetched: answered. A copy of
@@ -140,10 +146,11 @@ class Gather:
         except (KeyError, ValueError):
             self._drop("no_rank", msg)
             return
-        if rank not in self._expected:
+        covered = self._covered(rank, headers)
+        if covered is None:
             self._drop("unexpected_rank", msg)
             return
-        if rank in self.values or rank in self.fetching:
+        if any(r in self.values or r in self.fetching for r in covered):
             self._drop("duplicate", msg)
             return
         if self._check_sender and headers.get(m.FROM) != self.state.actor_id(rank):
@@ -152,13 +159,34 @@ class Gather:
         if headers.get(m.KIND) != "error" and is_reference(msg.data):
             # A big reply is a reference to bytes kept by the replier: fetch them
             # off the loop, then come back here with the real body.
-            self.fetching.add(rank)
+            self.fetching.update(covered)
             self.state.rt.loop.create_task(self._fetch_then_take(msg))
             return
         self._take(rank, msg)
 
+    def _covered(self, rank: int, headers: Any) -> list[int] | None:
+        """The ranks a reply answers for: its own, or those of a reply merged on its proc
+        (``Mon-Ranks``, only in mode ``fold``, all of one proc); None: not for this call."""
+        text = headers.get(m.RANKS)
+        if text is None:
+            return [rank] if rank in self._expected else None
+        if self.mode != "fold":
+            return None
+        try:
+            ranks = decode_ranks(text)
+        except ValueError:
+            return None
+        if rank not in ranks or not self._expected.issuperset(ranks):
+            return None
+        uids = self.state.proc_uids
+        if uids and len({uids[r] if r < len(uids) else None for r in ranks}) != 1:
+            return None  # merged on one proc: ranks of several procs are a forgery
+        return ranks
+
     async def _fetch_then_take(self, msg: Msg) -> None:
-        rank = int((msg.headers or {})[m.RANK])
+        headers = msg.headers or {}
+        rank = int(headers[m.RANK])
+        covered = self._covered(rank, headers) or [rank]
         try:
             data = await fetch_async(msg.data)
         except Exception as e:
@@ -168,7 +196,7 @@ class Gather:
                 self.fail(e)
             return
         finally:
-            self.fetching.discard(rank)
+            self.fetching.difference_update(covered)
         self._take(rank, LocalMsg(msg.subject, data, msg.reply, msg.headers, owned=True))
 
     def _drop(self, reason: str, msg: Msg) -> None:
@@ -224,6 +252,9 @@ class Gather:
                     value = self._refused_here(value, rank)
         except Exception as e:  # an undecodable reply fails the call, not the loop
             ok, value = False, e
+        if self.mode == "fold":
+            self._fold(rank, msg, ok, value)
+            return
         self.values[rank] = value
         if self.trace is not None:
             st = self.state
@@ -246,3 +277,24 @@ class Gather:
             else:
                 result = value
             self.futures[0].set_result(result)
+
+    def _fold(self, rank: int, msg: Msg, ok: bool, value: Any) -> None:
+        """Mode ``fold``: combine one reply (a rank's, or several merged on their proc)
+        into the accumulated value; the call ends when every rank is accounted for."""
+        covered = self._covered(rank, msg.headers or {}) or [rank]
+        if ok:
+            try:
+                self.acc = self._combine(self.acc, value)  # type: ignore[misc]
+            except Exception as e:  # the user's combine raised: the call raises it
+                ok, value = False, e
+        for r in covered:  # the values live in the fold; kept here: which ranks ran
+            self.values[r] = None if ok else value
+            if self.trace is not None:
+                st = self.state
+                _tel.span("reply", self.trace, self.t_sent, time.time(), st.actor_id(r),
+                          st.name, r, self.endpoint, ok)  # fmt: skip
+        if not ok:
+            self.fail(value)
+        elif len(self.values) == len(self.expected):
+            self._close()
+            self.futures[0].set_result(self.acc)

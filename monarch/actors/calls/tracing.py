@@ -28,16 +28,22 @@ def _target(mesh: ActorMesh) -> tuple[str | None, int | None]:
 
 
 def traced_call(
-    mesh: ActorMesh, endpoint: str, args: tuple, kwargs: dict, gather: str, adhoc: str | None
+    mesh: ActorMesh,
+    endpoint: str,
+    args: tuple,
+    kwargs: dict,
+    gather: str,
+    adhoc: str | None,
+    fold: Any = None,
 ) -> Any:
     rec = tel._recorder
     if rec is None:  # stopped meanwhile
-        return mesh._call(endpoint, args, kwargs, gather, adhoc, True, "")
+        return mesh._call(endpoint, args, kwargs, gather, adhoc, True, "", fold)
     trace = rec.new_trace()
     start = time.time()
     ok = False
     try:
-        result = mesh._call(endpoint, args, kwargs, gather, adhoc, True, trace)
+        result = mesh._call(endpoint, args, kwargs, gather, adhoc, True, trace, fold)
         ok = True
         return result
     finally:

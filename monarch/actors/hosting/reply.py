@@ -12,6 +12,8 @@ NATS message (the runtime's batch, :mod:`monarch.broker.bodies.batch`, which the
 caller's intake takes apart reply by reply, so its per-rank checks, ordering and
 lost-reply accounting are those of single replies). A batch never waits past its
 loop turn and never crosses a message to another subject, so nothing is reordered.
+A call from an ``Accumulator`` given a reducer goes further: the group's successful
+replies are merged into one on the proc (:mod:`monarch.actors.hosting.reduce`).
 
 A mixin of :class:`~monarch.actors.hosting.instance.ActorInstance`, which holds
 the state it uses (set in its ``__init__``).
@@ -33,6 +35,7 @@ from monarch.actors.errors import (
     actor_failed_message,
     describe_actor,
 )
+from monarch.actors.hosting.reduce import group_reducer
 from monarch.actors.messaging import messages as m
 from monarch.actors.process_state import actor_process
 from monarch.rdma.bulk import offload, stays_inline
@@ -89,6 +92,9 @@ class Replying:
                     log.warning("dropped a malformed message: %s", err.exception)
                     return
                 self.fail(_with_traceback(err))  # no caller to receive it
+            return
+        if ok and msg.headers and m.REDUCE in msg.headers and self._to_whole_group(msg):
+            group_reducer(self.rt).add(self, msg, body)  # merged with its siblings' replies
             return
         if ok:  # a big reply stays here and travels out of band; the caller fetches it
             try:

@@ -37,13 +37,16 @@ from monarch.broker.vocabulary.headers import (
     KIND,
     MSG_RANK,
     RANK,
+    RANKS,
+    REDUCE,
     SEQ,
     WAIT,
 )
 from monarch.core.runtime import LocalMsg
 from monarch.rdma.bulk import decode_body
 
-__all__ = ["ACTOR_RANK", "ENDPOINT", "FROM", "KIND", "MSG_RANK", "RANK", "SEQ", "WAIT"]
+__all__ = ["ACTOR_RANK", "ENDPOINT", "FROM", "KIND", "MSG_RANK", "RANK", "RANKS", "REDUCE"]
+__all__ += ["SEQ", "WAIT"]
 __all__ += ["decode_error", "decode_reply", "encode_error"]
 
 

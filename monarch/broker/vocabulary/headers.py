@@ -30,6 +30,8 @@ PROC = "Mon-Proc"
 STREAM = "Mon-Stream"
 XFER = "Mon-Xfer"
 TRACE = "Mon-Trace"
+REDUCE = "Mon-Reduce"
+RANKS = "Mon-Ranks"
 
 # name -> what it carries (docs/observability.md, "Watching the traffic", shows them on the wire)
 TABLE: dict[str, str] = {
@@ -60,6 +62,11 @@ TABLE: dict[str, str] = {
     PROC: "on a host agent's exit reports: the proc that ended",
     STREAM: "on forwarded output: stdout, stderr or log",
     XFER: "on tensor moves between meshes: the transfer id",
+    REDUCE: "on a call from an Accumulator given a reducer: the reducer's name, then itself "
+    "(encoded like a body, base64): the replies of a per_proc mesh's actors in one proc "
+    "may be merged there (monarch.actors.hosting.reduce)",
+    RANKS: "on a reply merged on its proc: the ranks it answers for, as 0-5,8 (Mon-Rank is "
+    "the first)",
     TRACE: "only while telemetry is on (MONARCH_TELEMETRY=1): the call's trace id, which "
     "links its send, deliver, handle and reply spans (monarch.telemetry)",
 }

@@ -1,0 +1,51 @@
+"""The wire form of a reducing call: ``Mon-Ranks`` ranges and the ``Mon-Reduce`` header."""
+
+from __future__ import annotations
+
+import operator
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from monarch.actors.messaging.reduction import (
+    decode_ranks,
+    decode_reducer,
+    encode_ranks,
+    encode_reducer,
+)
+
+
+@given(st.sets(st.integers(min_value=0, max_value=5000), min_size=1))
+def test_ranks_round_trip(ranks):
+    assert decode_ranks(encode_ranks(ranks)) == sorted(ranks)
+
+
+def test_runs_are_written_as_ranges():
+    assert encode_ranks([5, 0, 1, 2, 3, 8, 9]) == "0-3,5,8-9"
+    assert encode_ranks(range(1024)) == "0-1023"
+
+
+@pytest.mark.parametrize("text", ["", "x", "1-", "-1", "3-1", "1,1", "0-3,2", "1.5", "0-99999999"])
+def test_malformed_ranks_are_refused(text):
+    with pytest.raises(ValueError):
+        decode_ranks(text)
+
+
+def test_the_header_names_the_reducer_and_carries_it():
+    text = encode_reducer(operator.add)
+    assert text.startswith("_operator.add ") or text.startswith("operator.add ")
+    assert decode_reducer(text)(2, 3) == 5
+    assert decode_reducer(encode_reducer(lambda a, b: max(a, b)))(2, 3) == 3
+    assert "\n" not in encode_reducer(lambda a, b: a) and " " in encode_reducer(max)
+
+
+def test_a_header_that_carries_no_function_is_refused():
+    with pytest.raises(TypeError, match="not a function"):
+        decode_reducer(encode_reducer(operator.add).split(" ")[0] + " " + _b64(b"\x03"))
+
+
+def _b64(data: bytes) -> str:
+    import base64
+
+    return base64.b64encode(data).decode()
