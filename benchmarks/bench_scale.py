@@ -72,6 +72,7 @@ FIGURES = {
     "spawn": ("spawn", "s", 1.0),
     "gather": ("bcast+gather p50", "ms", 1e3),
     "gather_p99": ("bcast+gather p99", "ms", 1e3),
+    "reduce": ("sum merged on procs p50", "ms", 1e3),  # per_proc only (reducer)
     "fire": ("10k fire-and-forget", "s", 1.0),
     "pss_proc_mb": ("PSS per proc", "MB", 1.0),
     "kb_per_actor": ("added PSS per actor", "KB", 1.0),
@@ -161,17 +162,17 @@ class Results:
         return [v for v in VARIANTS if any(k[0] == v for k in self.values)]
 
     def table(self) -> list[str]:
-        vs = self.variants()
+        measured = {(k[0], k[3]) for k in self.values}
+        columns = [(f, v) for f in FIGURES for v in self.variants() if (v, f) in measured]
         head = "| procs | actors | " + " | ".join(
-            f"{FIGURES[f][0]} ({FIGURES[f][1]}) {v}" for f in FIGURES for v in vs
+            f"{FIGURES[f][0]} ({FIGURES[f][1]}) {v}" for f, v in columns
         )
-        lines = [head + " |", "|" + "---|" * (2 + len(FIGURES) * len(vs))]
+        lines = [head + " |", "|" + "---|" * (2 + len(columns))]
         for p, n in self.points():
             cells = []
-            for figure, (_, _, scale) in FIGURES.items():
-                for v in vs:
-                    m = self.median(v, p, n, figure)
-                    cells.append("-" if m is None else f"{m * scale:.3g}")
+            for figure, v in columns:
+                m = self.median(v, p, n, figure)
+                cells.append("-" if m is None else f"{m * FIGURES[figure][2]:.3g}")
             lines.append(f"| {p} | {n} | " + " | ".join(cells) + " |")
         return lines
 
@@ -179,11 +180,15 @@ class Results:
         """``variant`` / Monarch per point: below 1 means ours is ahead."""
         if not {variant, "monarch"} <= set(self.variants()):
             return []
-        lines = ["| procs | actors | " + " | ".join(FIGURES[f][0] for f in FIGURES) + " |",
-                 "|" + "---|" * (2 + len(FIGURES))]  # fmt: skip
+        both = {k[3] for k in self.values if k[0] == variant} & {
+            k[3] for k in self.values if k[0] == "monarch"
+        }
+        figures = [f for f in FIGURES if f in both]
+        lines = ["| procs | actors | " + " | ".join(FIGURES[f][0] for f in figures) + " |",
+                 "|" + "---|" * (2 + len(figures))]  # fmt: skip
         for p, n in self.points():
             cells = []
-            for figure in FIGURES:
+            for figure in figures:
                 a, b = self.median(variant, p, n, figure), self.median("monarch", p, n, figure)
                 cells.append("-" if a is None or not b else f"{a / b:.2f}x")
             lines.append(f"| {p} | {n} | " + " | ".join(cells) + " |")

@@ -29,7 +29,9 @@ processes). Prints JSON lines (see _common.py).
 
 ``--layout per_proc`` (ours only): the N actors are one mesh,
 ``procs.per_proc(actors=N/P)``, so a broadcast is one call whose replies leave
-each proc as one message (``ProcMesh.per_proc``; Monarch 0.7 has no such layout).
+each proc as one message (``ProcMesh.per_proc``; Monarch 0.7 has no such layout);
+it adds ``reduce``: the sum of all N replies by an ``Accumulator`` given a reducer,
+merged on each proc before it travels (``monarch.actors.hosting.reduce``).
 
 ``--varz URL[,URL]`` (ours only, where the driver started the broker with HTTP
 monitoring: ``benchmarks/bench_scale.py``): the brokers' own counters
@@ -46,6 +48,7 @@ import argparse
 import importlib.metadata
 import importlib.util
 import json
+import operator
 import os
 import statistics
 import sys
@@ -149,8 +152,11 @@ def varz_figures(before: dict, after: dict, per: float, prefix: str) -> dict:
 # -- measuring one point ------------------------------------------------------------
 
 
-def measure(meshes: list, n_actors: int, rounds: int, fire: int, urls: list[str]) -> dict:
-    """gather and fire figures over ``meshes`` (all actors already answered once)."""
+def measure(
+    meshes: list, n_actors: int, rounds: int, fire: int, urls: list[str], reduce: bool = False
+) -> dict:
+    """gather and fire figures over ``meshes`` (all actors already answered once);
+    ``reduce``: also the sum of one mesh's replies merged on the procs (:func:`reduce_rounds`)."""
     for i in range(min(rounds, 10)):  # warm-up
         for f in [m.ping.call(i) for m in meshes]:
             f.get(TIMEOUT)
@@ -163,6 +169,8 @@ def measure(meshes: list, n_actors: int, rounds: int, fire: int, urls: list[str]
         lat.append(time.perf_counter() - t)
     lat.sort()
     out = {"gather": percentile(lat, 0.5), "gather_p99": percentile(lat, 0.99)}
+    if reduce:
+        out.update(reduce_rounds(meshes[0], rounds))
     if counted is not None:
         # per round; idle traffic (heartbeats) of the rounds' seconds is in it too
         after = varz(urls)
@@ -181,6 +189,24 @@ def measure(meshes: list, n_actors: int, rounds: int, fire: int, urls: list[str]
         print(f"[{FRAMEWORK}] fire-and-forget, {n_actors} actors: {e!r}", file=sys.stderr)
         out["fire_failed"] = 1
     return out
+
+
+def reduce_rounds(mesh, rounds: int) -> dict:
+    """``--layout per_proc`` (ours): the sum of every actor's reply by an ``Accumulator``
+    given a reducer, so each proc's replies are merged there (``reduce``, p50 and p99)."""
+    summed = monarch.actor.Accumulator(mesh.ping, 0, operator.add, reducer=operator.add)
+    want = len(mesh)
+    for _ in range(min(rounds, 10)):  # warm-up
+        summed.accumulate(1).get(TIMEOUT)
+    lat = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        got = summed.accumulate(1).get(TIMEOUT)
+        lat.append(time.perf_counter() - t)
+        if got != want:
+            raise AssertionError(f"the merged sum is {got}, not {want}")
+    lat.sort()
+    return {"reduce": percentile(lat, 0.5), "reduce_p99": percentile(lat, 0.99)}
 
 
 def fire_time(meshes: list, n_actors: int, fire: int) -> float:
@@ -210,6 +236,7 @@ def memory(base_mesh, before: set[int]) -> tuple[dict, set[int]]:
 
 def emit_point(rep: Reporter, sweep: str, x: int, figures: dict) -> None:
     units = {"spawn": "s", "gather": "s", "gather_p99": "s", "fire": "s", "n_added": "processes",
+             "reduce": "s", "reduce_p99": "s",
              "fire_failed": "", "round_seconds": "s", "subscriptions": "", "connections": "",
              "slow_consumers": ""}  # fmt: skip
     for name, value in figures.items():
@@ -248,7 +275,8 @@ def actors_point(rep: Reporter, n: int, args: argparse.Namespace, before: set[in
     for f in [m.ping.call(0) for m in meshes]:
         f.get(TIMEOUT)
     figures = {"spawn": time.perf_counter() - t}
-    figures.update(measure(meshes, n, args.rounds, args.fire, args.varz))
+    per_proc = args.layout == "per_proc" and n >= width
+    figures.update(measure(meshes, n, args.rounds, args.fire, args.varz, reduce=per_proc))
     mem, pids = memory(base, before)
     figures.update(mem)
     procs.stop().get(TIMEOUT)
