@@ -35,6 +35,21 @@ class Scaled(Actor):
         return 1
 
 
+class Keeps(Actor):
+    """Returns a list it keeps (and a number): a merge must not change what it keeps."""
+
+    def __init__(self) -> None:
+        self.items = [current_rank().rank]
+
+    @endpoint
+    async def items_list(self) -> list[int]:
+        return self.items
+
+    @endpoint
+    async def count(self) -> int:
+        return len(self.items)
+
+
 class SyncScaled(Actor):
     @endpoint
     def times(self, x: int) -> int:
@@ -125,4 +140,16 @@ def test_a_reducer_that_is_not_callable_is_refused_where_it_is_given(procs):
     mesh = procs.spawn("ppr_bad", Scaled)
     with pytest.raises(TypeError, match="reducer must be callable"):
         Accumulator(mesh.times, 0, operator.add, reducer=3)  # type: ignore[arg-type]
+    mesh.stop().get(timeout=60)
+
+
+def test_a_reducer_that_works_in_place_never_changes_what_an_actor_keeps(procs):
+    # operator.iadd extends its left list in place: on the proc, the left list is the
+    # first reply. Replies are merged as copies (only immutable values skip encoding),
+    # so each actor's own list keeps its one item.
+    mesh = procs.per_proc(workers=3).spawn("ppr_keeps", Keeps)
+    merged = Accumulator(mesh.items_list, [], operator.add, reducer=operator.iadd)
+    assert sorted(merged.accumulate().get(timeout=60)) == list(range(6))
+    assert sorted(merged.accumulate().get(timeout=60)) == list(range(6))
+    assert list(mesh.count.call().get(timeout=60).values()) == [1] * 6
     mesh.stop().get(timeout=60)

@@ -261,6 +261,35 @@ def test_many_small_replies_are_bounded_by_the_ledgers_byte_cap(monkeypatch):
     assert ledger.status(newest, 0) == "replied" and rt.published == [newest]
 
 
+def test_a_reply_merged_on_its_proc_is_kept_under_each_rank_it_answers():
+    """A merged reply (monarch.actors.hosting.reduce) answers for several ranks: a probe
+    about any of them finds it and sends it again; ranks it does not cover stay
+    pending; evicting its entries one by one brings the byte count back to zero."""
+
+    class Runtime:
+        proc_uid = "proc"
+        published: list = []
+
+        def publish(self, subject, body, headers):
+            self.published.append((subject, headers.get(m.RANKS)))
+
+    rt = Runtime()
+    ledger = lost_replies.ReplyLedger(rt)
+    subject = "mon.default.port.client.7"
+    for rank in range(4):
+        ledger.received(subject, rank)
+    ledger.sent(subject, [0, 1, 2], b"\x06", {m.KIND: "reply", m.RANKS: "0-2"})
+    assert [ledger.status(subject, r) for r in range(5)] == [
+        "replied", "replied", "replied", "pending", "unknown"
+    ]  # fmt: skip
+    assert rt.published == [(subject, "0-2")] * 3
+    assert ledger._bytes == 3 * (1 + lost_replies.ENTRY_OVERHEAD)
+    while ledger._sent:
+        _, (_, old, _) = ledger._sent.popitem(last=False)
+        ledger._bytes -= len(old) + lost_replies.ENTRY_OVERHEAD
+    assert ledger._bytes == 0
+
+
 def test_a_big_reply_being_fetched_is_neither_probed_nor_fetched_twice(counters, monkeypatch):
     """A big reply is a reference the caller fetches; while that fetch runs the call
     is answered. Before, the prober took the rank for unanswered, the proc sent the

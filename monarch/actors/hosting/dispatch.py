@@ -31,6 +31,7 @@ from monarch.actors.errors import (
     actor_failed_message,
 )
 from monarch.actors.hosting.mailbox import ThreadRunner
+from monarch.actors.hosting.reduce import IMMUTABLE, Unencoded
 from monarch.actors.hosting.reply import failure_reason
 from monarch.actors.meshes.shape import Extent, Point
 from monarch.actors.messaging import messages as m
@@ -258,10 +259,16 @@ class Dispatch:
         self.activity.end(call, True)
         return True, body, at
 
-    @staticmethod
-    def _encode_result(prop: EndpointProperty, msg: Msg, result: Any) -> bytes:
+    def _encode_result(self, prop: EndpointProperty, msg: Msg, result: Any) -> Any:
+        """The reply body; for a reply that its proc merges (a reducing call to the whole
+        group), a plain immutable value stays as it is (:class:`Unencoded`): the merge
+        would decode it at once. Anything else is encoded, so the reducer works on a
+        copy and never on an object the actor keeps."""
         if not msg.reply or prop.explicit_response_port:
             return b""
+        headers = msg.headers
+        if type(result) in IMMUTABLE and headers and m.REDUCE in headers and self._to_whole_group(msg):
+            return Unencoded(result)
         return dumps(result)
 
     def _failure(self, prop: EndpointProperty, e: BaseException) -> tuple[bool, bytes]:

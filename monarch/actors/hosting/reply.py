@@ -50,6 +50,7 @@ class Replying:
     # Trailing dimensions of this actor's mesh that are actors of one proc
     # (``ProcMesh.per_proc``); 0: one actor of its mesh per proc.
     group_dims = 0
+    _whole_group: dict[str, bool] = {}  # subject -> _to_whole_group's answer (own dict once used)
 
     def _to_whole_group(self, msg: Msg) -> bool:
         """Whether ``msg`` went to every actor of this mesh in this proc (its subject's
@@ -57,7 +58,13 @@ class Replying:
         g = self.group_dims
         if not g or not msg.reply:
             return False
-        return all(t == "_" for t in (getattr(msg, "subject", "") or "").rsplit(".", g)[1:])
+        subject = getattr(msg, "subject", "") or ""
+        known = self._whole_group.get(subject)
+        if known is None:  # an actor hears 2^d subjects: a small table, asked twice a call
+            if self._whole_group is Replying._whole_group:
+                self._whole_group = {}
+            known = self._whole_group[subject] = all(t == "_" for t in subject.rsplit(".", g)[1:])
+        return known
 
     def _respond_unknown(self, msg: Msg) -> None:
         name = (msg.headers or {}).get(m.ENDPOINT, "")

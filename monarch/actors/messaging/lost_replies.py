@@ -98,15 +98,27 @@ class ReplyLedger:
                 del self._pending[next(iter(self._pending))]
             self._pending[(reply, rank)] = time.monotonic()
 
-    def sent(self, subject: str, rank: int, body: bytes, headers: dict) -> None:
-        """A reply left; remembered only when it answers a call received here."""
-        key = (subject, rank)
+    def sent(self, subject: str, rank: int | list[int], body: bytes, headers: dict) -> None:
+        """A reply left; remembered only when it answers a call received here.
+
+        ``rank`` a list: one reply that answers for all of them (merged on this proc,
+        :mod:`monarch.actors.hosting.reduce`), kept under each (one lock, one clock
+        read: ~4.6 us a rank when called rank by rank, NOTES 61). The body is counted
+        under each, as eviction takes the entries one by one."""
+        now = time.monotonic()
         with self._lock:
-            if self._pending.pop(key, None) is None:
-                return  # a stream port's later values, a control reply: nothing to recover
-            now = time.monotonic()
-            self._sent[key] = (now, body, headers)
-            self._bytes += len(body) + ENTRY_OVERHEAD
+            if type(rank) is list:
+                kept = (now, body, headers)
+                for r in rank:
+                    if self._pending.pop((subject, r), None) is not None:
+                        self._sent[(subject, r)] = kept
+                        self._bytes += len(body) + ENTRY_OVERHEAD
+            else:
+                key = (subject, rank)
+                if self._pending.pop(key, None) is None:
+                    return  # a stream port's later values, a control reply: nothing to recover
+                self._sent[key] = (now, body, headers)
+                self._bytes += len(body) + ENTRY_OVERHEAD
             while self._sent:
                 first = next(iter(self._sent.values()))
                 if now - first[0] <= REPLY_TTL and self._bytes <= REPLY_CACHE_BYTES:
