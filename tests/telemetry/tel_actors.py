@@ -7,9 +7,10 @@ line, a JSON object with the mesh's name and the proc uids of the client.
 from __future__ import annotations
 
 import json
+import operator
 import sys
 
-from monarch.actor import Actor, endpoint, get_meter, span, this_host, traced
+from monarch.actor import Accumulator, Actor, endpoint, get_meter, span, this_host, traced
 
 _meter = get_meter("tests.telemetry")
 _items = _meter.create_counter("items.done")
@@ -52,6 +53,14 @@ class Worker(Actor):
         raise ValueError("boom")
 
 
+class Summer(Actor):
+    """Two of these in each proc (``per_proc``): their replies are merged on the proc."""
+
+    @endpoint
+    async def one(self) -> int:
+        return 1
+
+
 def main() -> int:
     from monarch.actor import shutdown_context
 
@@ -74,6 +83,9 @@ def main() -> int:
         pass
     else:
         raise AssertionError("boom did not raise")
+    summers = procs.per_proc(workers=2).spawn("telsum", Summer)
+    merged = Accumulator(summers.one, 0, operator.add, reducer=operator.add)
+    assert merged.accumulate().get(timeout=60) == 4
     procs.stop().get(timeout=60)
     shutdown_context().get(timeout=60)
     print(json.dumps({"mesh": "telmesh"}))

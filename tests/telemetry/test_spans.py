@@ -3,7 +3,8 @@
 The job (``tel_actors.main``) makes, on a mesh of two procs: three
 ``call_one`` of ``ping`` on rank 1, two ``broadcast`` of ``tick``, one
 ``call`` of ``ticks_seen`` and of ``work``, and one ``call_one`` of ``boom``
-(which raises).
+(which raises); then a sum of ``one`` over a ``per_proc`` mesh of 2 x 2 by an
+``Accumulator`` given a reducer (replies merged on their procs).
 """
 
 from __future__ import annotations
@@ -108,8 +109,18 @@ def test_count_of_spans_per_endpoint(job):
         "ticks_seen": 7,
         "work": 7,
         "boom": 4,
+        "one": 1 + 4 * 3,  # merged replies still have a reply span per rank
         None: 4,
     }
+
+
+def test_a_sum_merged_on_the_procs_has_a_reply_span_for_each_rank(job):
+    traces = _traces(query(*job, SPANS), "one")
+    assert len(traces) == 1
+    (spans,) = traces.values()
+    assert sorted(r["rank"] for r in spans["reply"]) == [0, 1, 2, 3]
+    assert all(r["ok"] == 1 and r["mesh"] == "telsum" for r in spans["reply"])
+    assert sorted(r["rank"] for r in spans["handle"]) == [0, 1, 2, 3]
 
 
 def test_endpoint_counters_and_duration_histogram(job):

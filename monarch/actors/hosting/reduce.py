@@ -90,7 +90,6 @@ class GroupReducer:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self._merges: dict[str, _Merge] = {}
-        self.merged = 0  # replies that left inside a merged one (for tests and stats)
 
     def add(self, inst: ActorInstance, msg: Msg, body: bytes | Unencoded) -> None:
         """``inst``'s successful reply ``body`` to ``msg`` (a reducing call to its whole group)."""
@@ -149,7 +148,6 @@ class GroupReducer:
         replies = actor_process(self.rt).replies
         if replies is not None:  # kept under each rank, should it be lost
             replies.sent(subject, [a.rank for a in actors], body, headers)
-        self.merged += len(actors)
         self.rt.publish(subject, body, headers, batchable=True)
 
 
