@@ -14,8 +14,11 @@ import time
 import uuid
 
 import nats
+import pytest
+from nats.js.errors import APIError
 
 from monarch.broker.connections.cluster import nats_cluster
+from monarch.broker.connections.jetstream_setup import StreamOffline, while_electing
 from monarch.broker.connections.registry import HOSTS, bucket_name, open_bucket
 from monarch.broker.connections.server import find_nats_server, read_info
 from monarch.supervision.streams import ensure_streams, heartbeat_stream, supervision_stream
@@ -58,3 +61,51 @@ def test_streams_wait_for_the_cluster_leader_and_keep_a_copy_per_server(tmp_path
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert asyncio.run(scenario()) == [3, 3, 3]
+
+
+# -- which answers mean "not ready yet": what nats-py raises for the server's JSON errors
+# (made with its own APIError.from_error); the cluster that produces them is above and in
+# tests/deploy/test_compose_cluster.py
+
+
+def server_error(err_code: int, description: str) -> Exception:
+    try:
+        APIError.from_error({"code": 500, "err_code": err_code, "description": description})
+    except APIError as e:
+        return e
+    raise AssertionError("from_error did not raise")
+
+
+def test_a_stream_that_is_offline_is_asked_again_until_it_has_a_leader():
+    answers = [server_error(10118, "stream is offline")] * 2 + ["the bucket"]
+    asked = []
+
+    async def make():
+        asked.append(1)
+        answer = answers[len(asked) - 1]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert asyncio.run(while_electing("the bucket", make, bound=10)) == "the bucket"
+    assert len(asked) == 3
+
+
+def test_a_stream_still_offline_after_the_bound_raises_stream_offline():
+    async def make():
+        raise server_error(10118, "stream is offline")
+
+    with pytest.raises(StreamOffline, match="stream is offline"):
+        asyncio.run(while_electing("the bucket", make, bound=0.5))
+
+
+def test_another_server_error_is_raised_at_once():
+    asked = []
+
+    async def make():
+        asked.append(1)
+        raise server_error(10059, "stream not found")
+
+    with pytest.raises(APIError, match="stream not found"):
+        asyncio.run(while_electing("the bucket", make, bound=10))
+    assert asked == [1]
