@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -17,6 +20,7 @@ from monarch.actor import Actor, ActorError, SpawnError, SupervisionError, conte
 from monarch.broker.vocabulary import headers as hdr
 from monarch.core.process_runtime import runtime
 from tests.helpers import captured_traffic, proc_mesh_fixture, wait_until
+from tests.hosts.agents import ROOT
 
 procs = proc_mesh_fixture({"gpus": 2}, name="pp_procs")
 
@@ -256,3 +260,35 @@ def _raises(fut) -> bool:
     except SupervisionError:
         return True
     return False
+
+
+LEFT_RUNNING = textwrap.dedent("""
+    from monarch.actor import Actor, endpoint, this_proc
+
+    class Tidy(Actor):
+        @endpoint
+        async def ping(self) -> int:
+            return 1
+
+        async def __cleanup__(self, exc) -> None:
+            print("cleanup", flush=True)
+
+    mesh = this_proc().per_proc(workers=3).spawn("left", Tidy)
+    print(sum(mesh.ping.call().get(timeout=60).values()), flush=True)
+""")
+
+
+def test_a_local_per_proc_mesh_left_running_stops_cleanly_at_exit(tmp_path):
+    # The script ends without stopping its mesh: at exit each actor still runs its
+    # __cleanup__, and asyncio reports no task destroyed while pending (it did, once per
+    # actor: the stop's mailbox marker went through the default executor, which takes
+    # no more work once the interpreter is exiting).
+    script = tmp_path / "left_running.py"
+    script.write_text(LEFT_RUNNING)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MONARCH_OPEN_BROKER_OK="1")
+    env.pop("MONARCH_NATS_URL", None)  # its own embedded broker, as a user's script
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["3", "cleanup", "cleanup", "cleanup"], done.stdout
+    assert "Task was destroyed" not in done.stderr, done.stderr

@@ -218,7 +218,12 @@ class ActorInstance(Delivery, Dispatch, Replying):
         self._done = True
         await self._unsubscribe()
         drained = self.rt.loop.create_future()
-        self._runner.put(Job(lambda: None, (), drained))
+        # A marker the runner reaches after what is queued. On the loop it is a coroutine:
+        # a sync one goes through the default executor, which refuses work once the
+        # interpreter is exiting, and a this_proc() per_proc mesh left running at exit
+        # never stopped ("Task was destroyed but it is pending!" once per actor).
+        on_loop = isinstance(self._runner, LoopRunner)
+        self._runner.put(Job(_reached_on_loop if on_loop else _reached, (), drained))
         try:
             if self._constructing:  # behind an __init__ still running: not reached in time
                 raise asyncio.TimeoutError
@@ -312,3 +317,11 @@ class ActorInstance(Delivery, Dispatch, Replying):
         await self._cleanup(exc)
         if self.on_failure is not None:
             self.on_failure(self, exc)
+
+
+def _reached() -> None:
+    """The mailbox marker of :meth:`ActorInstance.stop` (a thread actor's)."""
+
+
+async def _reached_on_loop() -> None:
+    """The mailbox marker of :meth:`ActorInstance.stop` (an actor on the loop)."""
