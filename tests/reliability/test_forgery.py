@@ -48,16 +48,21 @@ TIMEOUT = 60.0  # seconds; every wait is bounded by this
 OPEN_WARNING = "admits clients without credentials"
 
 
+def wait_for_release(paths: list[str]) -> int:
+    """Wait (bounded) until the file named for this actor's rank exists; its rank."""
+    rank = current_rank().rank
+    deadline = time.monotonic() + TIMEOUT
+    while not os.path.exists(paths[rank]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return rank
+
+
 class Holder(Actor):
     """Answers ``hold`` once the file named for its rank exists (so a call stays in flight)."""
 
     @endpoint
     def hold(self, paths: list[str]) -> list:
-        rank = current_rank().rank
-        deadline = time.monotonic() + TIMEOUT
-        while not os.path.exists(paths[rank]) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return ["real", rank]
+        return ["real", wait_for_release(paths)]
 
     @endpoint
     def ping(self, x):
@@ -582,11 +587,7 @@ class Holds(Actor):
 
     @endpoint
     def hold(self, paths: list[str]) -> int:
-        rank = current_rank().rank
-        deadline = time.monotonic() + TIMEOUT
-        while not os.path.exists(paths[rank]) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return rank
+        return wait_for_release(paths)
 
 
 def test_without_a_key_a_merged_reply_must_name_ranks_of_one_proc_that_are_still_due(
