@@ -49,3 +49,22 @@ def _b64(data: bytes) -> str:
     import base64
 
     return base64.b64encode(data).decode()
+
+
+def test_with_pickle_off_a_reducer_is_refused_at_the_caller_and_on_the_proc(monkeypatch):
+    from monarch.broker.bodies.codec import DecodeError, PicklingForbiddenError
+    from monarch.settings import settings
+
+    header = encode_reducer(lambda a, b: a * b)  # made while pickle is on
+    monkeypatch.setenv("MONARCH_PICKLE", "0")
+    settings.cache_clear()
+    decode_reducer.cache_clear()
+    try:
+        with pytest.raises(PicklingForbiddenError, match="MONARCH_PICKLE=1"):
+            encode_reducer(operator.add)
+        with pytest.raises(DecodeError):  # a proc with pickle off: an error reply, no call
+            decode_reducer(header)
+    finally:
+        monkeypatch.undo()
+        settings.cache_clear()
+        decode_reducer.cache_clear()
