@@ -53,6 +53,18 @@ class Worker(Actor):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def proc_subscriptions() -> tuple[list[str], int]:
+    """In an actor: its proc's subjects subscribed once for its mesh's group, and the
+    actor's own subscription count."""
+    from monarch.actors.hosting.server import local_server
+
+    server = local_server(runtime())
+    me = str(context().actor_instance.actor_id)
+    mine = next(i for i in server.actors.values() if i.actor_id == me)
+    shared = [s for s in server.group_fanout.subjects() if f".{mine.uid}." in s]
+    return shared, len(mine.subscriptions)
+
+
 class Counter(Actor):
     """Counts what it hears, and reports its proc's subscriptions for this mesh."""
 
@@ -70,13 +82,7 @@ class Counter(Actor):
     @endpoint
     async def subscriptions(self) -> tuple[list[str], int]:
         """(this proc's subjects subscribed once for a group, this actor's own count)."""
-        from monarch.actors.hosting.server import local_server
-
-        server = local_server(runtime())
-        me = str(context().actor_instance.actor_id)
-        mine = next(i for i in server.actors.values() if i.actor_id == me)
-        shared = [s for s in server.group_fanout.subjects() if f".{mine.uid}." in s]
-        return shared, len(mine.subscriptions)
+        return proc_subscriptions()
 
 
 class SyncCounter(Actor):
@@ -95,13 +101,7 @@ class SyncCounter(Actor):
 
     @endpoint
     def subscriptions(self) -> tuple[list[str], int]:
-        from monarch.actors.hosting.server import local_server
-
-        server = local_server(runtime())
-        me = str(context().actor_instance.actor_id)
-        mine = next(i for i in server.actors.values() if i.actor_id == me)
-        shared = [s for s in server.group_fanout.subjects() if f".{mine.uid}." in s]
-        return shared, len(mine.subscriptions)
+        return proc_subscriptions()
 
 
 class SyncWorker(Actor):

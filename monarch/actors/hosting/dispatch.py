@@ -266,8 +266,7 @@ class Dispatch:
         copy and never on an object the actor keeps."""
         if not msg.reply or prop.explicit_response_port:
             return b""
-        headers = msg.headers
-        if type(result) in IMMUTABLE and headers and m.REDUCE in headers and self._to_whole_group(msg):
+        if type(result) in IMMUTABLE and self._merged_here(msg):
             return Unencoded(result)
         return dumps(result)
 

@@ -104,6 +104,7 @@ class ActorInstance(Delivery, Dispatch, Replying):
         self._sequence = SequenceCheck()  # holes in senders' numbering: lost messages
         self._flow_senders = 1  # the count for the flow marker being handled
         self._flow_prop = EndpointProperty(self._flow_marker)
+        self._whole_group: dict[str, bool] = {}  # subject -> _to_whole_group's answer
         # What it is doing, for viewers (monarch top, monarch stacks, stall reports).
         self.activity = activity.book.add(
             self.actor_id, name, uid, rank,

@@ -31,6 +31,7 @@ answer with that error instead, and the caller's accumulate raises it.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -64,10 +65,7 @@ class Unencoded:
 
 def group_size(inst: ActorInstance) -> int:
     """How many actors of ``inst``'s mesh live in its proc (its trailing ``group_dims``)."""
-    size = 1
-    for n in inst.extent.sizes[len(inst.extent.sizes) - inst.group_dims :]:
-        size *= n
-    return size
+    return math.prod(inst.extent.sizes[len(inst.extent.sizes) - inst.group_dims :])
 
 
 class _Merge:

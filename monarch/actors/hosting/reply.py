@@ -35,6 +35,7 @@ from monarch.actors.errors import (
     actor_failed_message,
     describe_actor,
 )
+from monarch.actors.hosting.group_fanout import shared_by_group
 from monarch.actors.hosting.reduce import group_reducer
 from monarch.actors.messaging import messages as m
 from monarch.actors.process_state import actor_process
@@ -50,21 +51,24 @@ class Replying:
     # Trailing dimensions of this actor's mesh that are actors of one proc
     # (``ProcMesh.per_proc``); 0: one actor of its mesh per proc.
     group_dims = 0
-    _whole_group: dict[str, bool] = {}  # subject -> _to_whole_group's answer (own dict once used)
+    _whole_group: dict[str, bool]  # subject -> _to_whole_group's answer (2^d subjects at most)
 
     def _to_whole_group(self, msg: Msg) -> bool:
         """Whether ``msg`` went to every actor of this mesh in this proc (its subject's
         per-proc coordinates all ``_``): their replies may leave as one message."""
-        g = self.group_dims
-        if not g or not msg.reply:
+        if not self.group_dims or not msg.reply:
             return False
         subject = getattr(msg, "subject", "") or ""
         known = self._whole_group.get(subject)
-        if known is None:  # an actor hears 2^d subjects: a small table, asked twice a call
-            if self._whole_group is Replying._whole_group:
-                self._whole_group = {}
-            known = self._whole_group[subject] = all(t == "_" for t in subject.rsplit(".", g)[1:])
+        if known is None:  # asked for every reply: the subject is split once
+            known = self._whole_group[subject] = shared_by_group(subject, self.group_dims)
         return known
+
+    def _merged_here(self, msg: Msg) -> bool:
+        """Whether this actor's successful reply to ``msg`` is merged with its group's on
+        this proc (a reducing call to the whole group, :mod:`monarch.actors.hosting.reduce`)."""
+        headers = msg.headers
+        return bool(headers) and m.REDUCE in headers and self._to_whole_group(msg)
 
     def _respond_unknown(self, msg: Msg) -> None:
         name = (msg.headers or {}).get(m.ENDPOINT, "")
@@ -100,7 +104,7 @@ class Replying:
                     return
                 self.fail(_with_traceback(err))  # no caller to receive it
             return
-        if ok and msg.headers and m.REDUCE in msg.headers and self._to_whole_group(msg):
+        if ok and self._merged_here(msg):
             group_reducer(self.rt).add(self, msg, body)  # merged with its siblings' replies
             return
         if ok:  # a big reply stays here and travels out of band; the caller fetches it
