@@ -100,7 +100,10 @@ def test_a_message_leaves_with_the_bytes_counts_and_tag_of_nats_pys_publish(key,
                 raise AssertionError(
                     f"{e}; received {len(got)} of {2 * len(received)}: {arrived}; the "
                     f"receiver's socket brought {receiver.stats['in_msgs']} message(s), the "
-                    f"sender's stats {sender.stats}"
+                    f"sender's stats {sender.stats}; last errors: sender "
+                    f"{sender.last_error!r}, receiver {receiver.last_error!r}; sender "
+                    f"connected {sender.is_connected} to {sender.connected_url}; receiver "
+                    f"subscribed to {sorted(sub.subject for sub in receiver._subs.values())}"
                 ) from None
         finally:
             await sender.close()
