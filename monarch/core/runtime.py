@@ -58,8 +58,9 @@ class LocalMsg:
     """
 
     # _mon_delivered: when an actor got it, set only while someone records calls
-    # (monarch.actors.calls.activity.call_listeners)
-    __slots__ = ("subject", "data", "reply", "headers", "owned", "_mon_delivered")
+    # (monarch.actors.calls.activity.call_listeners); _mon_share: the arguments a
+    # per_proc group's actors may read once (monarch.actors.hosting.group_fanout)
+    __slots__ = ("subject", "data", "reply", "headers", "owned", "_mon_delivered", "_mon_share")
 
     def __init__(
         self, subject: str, data: Any, reply: str, headers: dict | None, owned: bool = False

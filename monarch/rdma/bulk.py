@@ -98,7 +98,7 @@ def offload(body: bytes, *, readers: int | None, ttl: float | None = None) -> by
 
 
 def is_reference(body: bytes | bytearray | memoryview) -> bool:
-    return len(body) >= 4 and bytes(body[:4]) == PREFIX
+    return body[:4] == PREFIX  # a slice of bytes, bytearray or memoryview compares alike
 
 
 def fetch(body: bytes, *, timeout: float | None = None) -> bytes | bytearray | memoryview:

@@ -52,6 +52,14 @@ class Worker(Actor):
     async def die(self) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
+    @endpoint
+    async def keep(self, label: str, pair: tuple, items: list | None = None) -> tuple:
+        """Keeps its arguments (so no id is reused meanwhile) and tells their ids."""
+        if items is not None:
+            items.append(context().actor_instance.rank.rank)  # only this actor's copy changes
+        self.kept = (label, pair, items)
+        return id(label), id(pair), items
+
 
 def proc_subscriptions() -> tuple[list[str], int]:
     """In an actor: its proc's subjects subscribed once for its mesh's group, and the
@@ -171,6 +179,28 @@ def test_what_the_whole_group_hears_is_subscribed_once_per_proc_and_heard_once(p
     left = other.subscriptions.call().get(timeout=60)
     assert all("pp_fanout." not in t for shared, _ in left.values() for t in shared)
     other.stop().get(timeout=60)
+
+
+def test_a_groups_actors_share_unchangeable_arguments_and_each_gets_its_own_list(procs):
+    """A call to a whole group is decoded once per proc where nothing in its arguments
+    can change (a str, a tuple of numbers and strings), and by each actor where
+    something can (a list): an actor changing its list never changes a sibling's."""
+    mesh = procs.per_proc(workers=3).spawn("pp_share", Worker, "t", [])
+    label, pair = "x" * 100, (1, "a")
+
+    def ids_per_proc(got: list) -> list[tuple[int, int]]:
+        return [(len({g[0] for g in p}), len({g[1] for g in p})) for p in (got[:3], got[3:])]
+
+    for _ in range(2):
+        got = list(mesh.keep.call(label, pair).get(timeout=60).values())
+        assert ids_per_proc(got) == [(1, 1), (1, 1)]  # one decoding per proc
+        got = list(mesh.keep.call(label, pair, [9]).get(timeout=60).values())
+        assert [g[2] for g in got] == [[9, r] for r in range(6)]
+        assert ids_per_proc(got) == [(3, 3), (3, 3)]  # a list among them: each its own
+    # a slice of the group: each actor's own subscription, its own decoding
+    got = list(mesh.slice(workers=slice(0, 2)).keep.call(label, pair).get(timeout=60).values())
+    assert len({g[0] for g in got[:2]}) == 2
+    mesh.stop().get(timeout=60)
 
 
 def test_actors_with_threads_keep_their_own_subscriptions_and_hear_each_message_once(procs):

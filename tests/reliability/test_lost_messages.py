@@ -276,8 +276,7 @@ def test_a_reply_merged_on_its_proc_is_kept_under_each_rank_it_answers():
     rt = Runtime()
     ledger = lost_replies.ReplyLedger(rt)
     subject = "mon.default.port.client.7"
-    for rank in range(4):
-        ledger.received(subject, rank)
+    ledger.received(subject, [0, 1, 2, 3])  # a group's shared call: its ranks in one call
     ledger.sent(subject, [0, 1, 2], b"\x06", {m.KIND: "reply", m.RANKS: "0-2"})
     assert [ledger.status(subject, r) for r in range(5)] == [
         "replied", "replied", "replied", "pending", "unknown"

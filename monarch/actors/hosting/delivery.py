@@ -49,8 +49,10 @@ class Delivery:
             except AttributeError:  # a message type with no room for it: time unknown
                 pass
         replies = actor_process(self.rt).replies
-        if msg.reply and replies is not None:
-            replies.received(msg.reply, self.rank)  # a caller may ask about it later
+        if msg.reply and replies is not None and getattr(msg, "_mon_share", None) is None:
+            # A caller may ask about it later (a group's shared message: told for the
+            # whole group already, monarch.actors.hosting.group_fanout).
+            replies.received(msg.reply, self.rank)
         if self._stopping or self.failed is not None:
             self._refuse(msg)
             return

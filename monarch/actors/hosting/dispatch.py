@@ -30,6 +30,7 @@ from monarch.actors.errors import (
     SupervisionError,
     actor_failed_message,
 )
+from monarch.actors.hosting.group_fanout import unchangeable
 from monarch.actors.hosting.mailbox import ThreadRunner
 from monarch.actors.hosting.reduce import IMMUTABLE, Unencoded
 from monarch.actors.hosting.reply import failure_reason
@@ -195,13 +196,21 @@ class Dispatch:
         """The call's arguments, and this actor's rank in the mesh (or slice) it was sent to."""
         # A big message arrives as a reference to its bytes (monarch.rdma.bulk): fetch them.
         try:
-            # A fetched big body is ours alone: tensors in it are used in place.
-            if data is None:
-                args, kwargs, view_spec = decode_body(msg.data)
+            # A message to a whole per_proc group: its siblings may have decoded it.
+            share = getattr(msg, "_mon_share", None)
+            shared = share.args if share is not None else None
+            if shared:
+                args, kwargs, view_spec = shared
             else:
-                args, kwargs, view_spec = decode_body(data, owned=data is not msg.data)
-            if not isinstance(args, (tuple, list)) or not isinstance(kwargs, dict):
-                raise TypeError("the body is not (args, kwargs, view)")
+                # A fetched big body is ours alone: tensors in it are used in place.
+                if data is None:
+                    args, kwargs, view_spec = decode_body(msg.data)
+                else:
+                    args, kwargs, view_spec = decode_body(data, owned=data is not msg.data)
+                if not isinstance(args, (tuple, list)) or not isinstance(kwargs, dict):
+                    raise TypeError("the body is not (args, kwargs, view)")
+                if share is not None and shared is None:  # the first of its group to read it
+                    share.args = (args, kwargs, view_spec) if unchangeable(args, kwargs) else False
             if view_spec is not None:
                 labels, sizes, ranks = view_spec
                 message_point = Point(ranks.index(self.rank), Extent(labels, sizes))

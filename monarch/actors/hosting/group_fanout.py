@@ -9,8 +9,12 @@ Subscribed by each actor, the broker would send each such message ``k`` times to
 this proc, and the proc would parse and check it ``k`` times: at 512 actors a
 proc, a broadcast was 512 copies per proc (benchmarks/NOTES.md 55). Here such a
 subject is subscribed once per proc and each message is handed to the group's
-actors in rank order, the same ``Msg`` to each (they only read it; each decodes
-its own arguments from its bytes, so no actor sees another's objects).
+actors in rank order, the same ``Msg`` to each (they only read it). The first of
+them to read its arguments decodes them; when nothing in them can change (numbers,
+strings, bytes, None, tuples of those: :func:`unchangeable`), the others take the
+same objects instead of decoding their own (:class:`SharedReading`, ~3 us an actor,
+benchmarks/NOTES.md 62); anything else each actor decodes from the bytes itself,
+so no actor ever sees an object another one can change.
 
 What an actor hears is unchanged: the same messages, in the same wire order, each
 once, with its own lost-message check (:meth:`Delivery.deliver` runs per actor).
@@ -32,6 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 from nats.aio.msg import Msg
 
+from monarch.actors.hosting.reduce import IMMUTABLE
+from monarch.actors.messaging import messages as m
+from monarch.actors.process_state import actor_process
 from monarch.core.runtime import Runtime
 
 if TYPE_CHECKING:  # annotations only
@@ -48,14 +55,55 @@ def shared_by_group(subject: str, group_dims: int) -> bool:
     return group_dims > 0 and all(t == WILDCARD for t in subject.rsplit(".", group_dims)[1:])
 
 
+def unchangeable(args: tuple | list, kwargs: dict) -> bool:
+    """Whether no argument can be changed by whoever holds it (so several actors may)."""
+    return all(map(_unchangeable, args)) and all(map(_unchangeable, kwargs.values()))
+
+
+def _unchangeable(value: Any) -> bool:
+    kind = type(value)
+    return kind in IMMUTABLE or (kind is tuple and all(map(_unchangeable, value)))
+
+
+class SharedReading:
+    """What a shared message tells each of the group's actors, worked out once (set on
+    the message as ``_mon_share`` by :meth:`_Shared.deliver`): its decoded arguments,
+    when :func:`unchangeable`, and whether the group's replies to it merge here."""
+
+    __slots__ = ("args", "merged")
+
+    def __init__(self, msg: Msg) -> None:
+        # None: not decoded yet; (args, kwargs, view): decoded and unchangeable;
+        # False: each actor decodes its own.
+        self.args: tuple | bool | None = None
+        headers = msg.headers
+        # A reducing call (monarch.actors.hosting.reduce); the subject is the whole group's.
+        self.merged = bool(msg.reply and headers and m.REDUCE in headers)
+
+
 class _Shared:
     """One subject's subscription and the actors it delivers to, in rank order."""
 
-    def __init__(self) -> None:
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
         self.members: tuple[ActorInstance, ...] = ()
+        self.ranks: list[int] = []  # the members' ranks, in the same order
         self.sub: asyncio.Future = asyncio.get_running_loop().create_future()
 
+    def set_members(self, members: tuple[ActorInstance, ...]) -> None:
+        self.members = members
+        self.ranks = [inst.rank for inst in members]
+
     def deliver(self, msg: Msg) -> None:
+        reading = SharedReading(msg)
+        try:
+            msg._mon_share = reading  # type: ignore[attr-defined]
+        except AttributeError:  # a message type with no room for it: each actor reads its own
+            reading = None
+        if reading is not None and msg.reply:  # for each member, in one call
+            ledger = actor_process(self.rt).replies
+            if ledger is not None:
+                ledger.received(msg.reply, self.ranks)
         for inst in self.members:  # a tuple: a member leaving meanwhile changes nothing here
             try:
                 inst.deliver(msg)
@@ -90,7 +138,7 @@ class GroupFanout:
         """Deliver ``subject``'s messages to ``inst`` too, subscribing it if it is new."""
         shared = self._shared.get(subject)
         if shared is None:
-            shared = self._shared[subject] = _Shared()
+            shared = self._shared[subject] = _Shared(self.rt)
             try:
                 shared.sub.set_result(await self.rt.subscribe_mesh(subject, shared.deliver))
             except BaseException as e:
@@ -103,14 +151,14 @@ class GroupFanout:
                 raise
         else:
             await asyncio.shield(shared.sub)  # another member's subscribe still on the way
-        shared.members = tuple(sorted((*shared.members, inst), key=lambda i: i.rank))
+        shared.set_members(tuple(sorted((*shared.members, inst), key=lambda i: i.rank)))
         return Membership(self, subject, inst)
 
     async def leave(self, subject: str, inst: ActorInstance) -> None:
         shared = self._shared.get(subject)
         if shared is None:
             return
-        shared.members = tuple(i for i in shared.members if i is not inst)
+        shared.set_members(tuple(i for i in shared.members if i is not inst))
         if shared.members:
             return
         del self._shared[subject]

@@ -67,6 +67,9 @@ class Replying:
     def _merged_here(self, msg: Msg) -> bool:
         """Whether this actor's successful reply to ``msg`` is merged with its group's on
         this proc (a reducing call to the whole group, :mod:`monarch.actors.hosting.reduce`)."""
+        share = getattr(msg, "_mon_share", None)
+        if share is not None:  # the group's shared subscription worked it out once
+            return share.merged
         headers = msg.headers
         return bool(headers) and m.REDUCE in headers and self._to_whole_group(msg)
 

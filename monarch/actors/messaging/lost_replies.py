@@ -91,12 +91,15 @@ class ReplyLedger:
         self._dropped_at: float | None = None
         self.resent = 0  # replies published again (after a reconnect or on a probe)
 
-    def received(self, reply: str, rank: int) -> None:
-        """A call that wants a reply at ``reply`` reached the actor of ``rank`` here."""
+    def received(self, reply: str, rank: int | list[int]) -> None:
+        """A call that wants a reply at ``reply`` reached the actor of ``rank`` here
+        (a list: the actors of a ``per_proc`` group it reached together, one lock)."""
+        now = time.monotonic()
         with self._lock:
-            if len(self._pending) >= MAX_PENDING:
-                del self._pending[next(iter(self._pending))]
-            self._pending[(reply, rank)] = time.monotonic()
+            for r in rank if type(rank) is list else (rank,):
+                if len(self._pending) >= MAX_PENDING:
+                    del self._pending[next(iter(self._pending))]
+                self._pending[(reply, r)] = now
 
     def sent(self, subject: str, rank: int | list[int], body: bytes, headers: dict) -> None:
         """A reply left; remembered only when it answers a call received here.

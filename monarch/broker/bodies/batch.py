@@ -39,7 +39,8 @@ class BatchedMsg:
 
     # _mon_delivered: when the actor's intake took it, set only while someone records
     # calls (monarch.actors.calls.activity); a batched send gets a deliver span too.
-    __slots__ = ("subject", "data", "reply", "headers", "_mon_delivered")
+    # _mon_share: as LocalMsg's (monarch.core.runtime).
+    __slots__ = ("subject", "data", "reply", "headers", "_mon_delivered", "_mon_share")
 
     def __init__(self, subject: str, data: bytes, headers: dict[str, str]) -> None:
         self.subject = subject
