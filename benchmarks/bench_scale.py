@@ -26,6 +26,9 @@ Variants:
 * ``per_proc``: ours on one server as ``ours``, but the N actors are one mesh,
   ``procs.per_proc(actors=N/P)`` (our extension): a broadcast is one call, and
   each proc's replies to it leave as one message;
+* ``per_proc_async``: ``per_proc`` with ``async def`` endpoints: the actors run on
+  their proc's loop (no thread each), share one subscription per proc for what the
+  whole group hears and read a broadcast's arguments once per proc (NOTES 62);
 * ``cluster``: ours with ``MONARCH_NATS_URL`` naming the three nodes of a routed
   cluster on loopback (``monarch.broker.connections.cluster``): nats-py picks a
   node at random per connection, so the client and the procs spread over the
@@ -66,13 +69,13 @@ from monarch.broker.connections.server import EmbeddedBroker, free_port  # noqa:
 SCRIPT = "scenarios_growth.py"
 FULL = dict(sizes="512,2048,8192", procs="8,16", rounds=20, fire=2000)
 QUICK = dict(sizes="64,256", procs="8", rounds=5, fire=200)
-VARIANTS = ("ours", "monarch", "cluster", "per_proc")
+VARIANTS = ("ours", "monarch", "cluster", "per_proc", "per_proc_async")
 # figure -> (label, unit shown, scale from the JSON unit)
 FIGURES = {
     "spawn": ("spawn", "s", 1.0),
     "gather": ("bcast+gather p50", "ms", 1e3),
     "gather_p99": ("bcast+gather p99", "ms", 1e3),
-    "reduce": ("sum merged on procs p50", "ms", 1e3),  # per_proc only (reducer)
+    "reduce": ("sum merged on procs p50", "ms", 1e3),  # per_proc layouts only (reducer)
     "fire": ("10k fire-and-forget", "s", 1.0),
     "pss_proc_mb": ("PSS per proc", "MB", 1.0),
     "kb_per_actor": ("added PSS per actor", "KB", 1.0),
@@ -211,7 +214,7 @@ class Results:
     def model(self) -> list[str]:
         """What the brokers counted (ours, single server and cluster), per point."""
         lines = []
-        for v in ("ours", "cluster", "per_proc"):
+        for v in ("ours", "cluster", "per_proc", "per_proc_async"):
             pts = [(p, n) for p, n in self.points() if self.median(v, p, n, "subscriptions")]
             if not pts:
                 continue
@@ -242,7 +245,8 @@ class Results:
         if not ps:
             return False
         fig, axes = plt.subplots(len(ps), len(figs), figsize=(17, 4 * len(ps)), squeeze=False)
-        styles = {"ours": "o-", "monarch": "s--", "cluster": "^:", "per_proc": "D-."}
+        styles = {"ours": "o-", "monarch": "s--", "cluster": "^:", "per_proc": "D-.",
+                  "per_proc_async": "v-"}  # fmt: skip
         for row, p in enumerate(ps):
             for col, figure in enumerate(figs):
                 ax = axes[row][col]
@@ -270,7 +274,7 @@ def report(results: Results, command: str, seconds: float | None) -> str:
     lines = [f"# Scale, side by side ({time.strftime('%Y-%m-%d')}{took})", "",
              f"Command: `python benchmarks/bench_scale.py {command}`", "",
              *results.table(), ""]  # fmt: skip
-    for variant in ("ours", "per_proc"):
+    for variant in ("ours", "per_proc", "per_proc_async"):
         if results.ratios(variant):
             lines += [f"{variant} / Monarch 0.7 (below 1: ours ahead):", "",
                       *results.ratios(variant), ""]  # fmt: skip
@@ -359,7 +363,7 @@ def main() -> None:
                     rows, err = harness.run_once(real, extra, args.timeout)
                 else:
                     broker = three_nodes() if v == "cluster" else single_broker()
-                    layout = ["--layout", "per_proc"] if v == "per_proc" else []
+                    layout = ["--layout", v] if v.startswith("per_proc") else []
                     with broker as (url, monitors):
                         # PYTHONPATH: our runs import the `monarch` beside this script
                         ours.env = {"MONARCH_NATS_URL": url, "MONARCH_OPEN_BROKER_OK": "1",

@@ -32,6 +32,11 @@ processes). Prints JSON lines (see _common.py).
 each proc as one message (``ProcMesh.per_proc``; Monarch 0.7 has no such layout);
 it adds ``reduce``: the sum of all N replies by an ``Accumulator`` given a reducer,
 merged on each proc before it travels (``monarch.actors.hosting.reduce``).
+``--layout per_proc_async``: the same with ``async def`` endpoints (``AsyncEcho``):
+such actors run on their proc's loop, share one subscription per proc for what the
+whole group hears, and read a broadcast's arguments once per proc
+(``monarch.actors.hosting.group_fanout``); ``Echo``'s sync endpoints give each
+actor a thread of its own.
 
 ``--varz URL[,URL]`` (ours only, where the driver started the broker with HTTP
 monitoring: ``benchmarks/bench_scale.py``): the brokers' own counters
@@ -78,6 +83,18 @@ class Echo(Actor):
 
     @endpoint
     def pid(self) -> int:
+        return os.getpid()
+
+
+class AsyncEcho(Actor):
+    """``Echo`` with async endpoints (``--layout per_proc_async``)."""
+
+    @endpoint
+    async def ping(self, x):
+        return x
+
+    @endpoint
+    async def pid(self) -> int:
         return os.getpid()
 
 
@@ -268,14 +285,15 @@ def actors_point(rep: Reporter, n: int, args: argparse.Namespace, before: set[in
     t = time.perf_counter()
     if n < width:
         meshes = [procs.slice(gpus=slice(0, n)).spawn("grow0", Echo)]
-    elif args.layout == "per_proc":  # ours: one mesh, n/width actors in each proc
-        meshes = [procs.per_proc(actors=n // width).spawn("grow", Echo)]
+    elif args.layout.startswith("per_proc"):  # ours: one mesh, n/width actors in each proc
+        cls = AsyncEcho if args.layout == "per_proc_async" else Echo
+        meshes = [procs.per_proc(actors=n // width).spawn("grow", cls)]
     else:
         meshes = [procs.spawn(f"grow{i}", Echo) for i in range(n // width)]
     for f in [m.ping.call(0) for m in meshes]:
         f.get(TIMEOUT)
     figures = {"spawn": time.perf_counter() - t}
-    per_proc = args.layout == "per_proc" and n >= width
+    per_proc = args.layout.startswith("per_proc") and n >= width
     figures.update(measure(meshes, n, args.rounds, args.fire, args.varz, reduce=per_proc))
     mem, pids = memory(base, before)
     figures.update(mem)
@@ -293,8 +311,10 @@ def main() -> None:
     ap.add_argument("--fire", type=int, default=FIRE_FULL, help="fire-and-forget messages")
     ap.add_argument("--results", help="also append the result lines to this file")
     ap.add_argument("--varz", default="", help="brokers' HTTP monitor URLs (ours; see above)")
-    ap.add_argument("--layout", choices=("meshes", "per_proc"), default="meshes",
-                    help="N actors as N/P meshes of P (both), or one per_proc mesh (ours)")  # fmt: skip
+    ap.add_argument("--layout", choices=("meshes", "per_proc", "per_proc_async"),
+                    default="meshes",
+                    help="N actors as N/P meshes of P (both), or one per_proc mesh (ours; "
+                         "per_proc_async: its endpoints async)")  # fmt: skip
     args = ap.parse_args()
     args.skip = set()
     args.varz = [u for u in args.varz.split(",") if u.strip()]

@@ -17,6 +17,8 @@ import textwrap
 import pytest
 
 from monarch.actor import Actor, ActorError, SpawnError, SupervisionError, context, endpoint
+from monarch.actors.messaging.reduction import decode_ranks
+from monarch.broker.bodies.codec import loads
 from monarch.broker.vocabulary import headers as hdr
 from monarch.core.process_runtime import runtime
 from tests.helpers import captured_traffic, proc_mesh_fixture, wait_until
@@ -40,6 +42,12 @@ class Worker(Actor):
     @endpoint
     async def ping(self, x: int) -> int:
         return x
+
+    @endpoint
+    async def tensor(self, x: int):
+        import torch
+
+        return torch.tensor([context().actor_instance.rank.rank, x])
 
     @endpoint
     async def fail_on(self, rank: int) -> int:
@@ -147,12 +155,30 @@ def test_a_call_to_the_whole_mesh_leaves_each_proc_as_one_message(procs):
     with captured_traffic(os.environ["MONARCH_NATS_URL"], f"mon.{ns}.port.>") as seen:
         for i in range(5):
             assert list(mesh.ping.call(i).get(timeout=60).values()) == [i] * 6
-    replies = [h for _, h, _ in seen if h.get(hdr.KIND) in ("batch", "reply")]
-    carried = [int(h.get(hdr.COUNT, "1")) for h in replies]
-    assert sum(carried) == 30  # every reply, once
-    # Async endpoints answer within one turn of their proc's loop: one message per proc
-    # per call (a split by the socket's reads would show as more, never as a loss).
-    assert len(replies) < 30 and max(carried) == 3, carried
+    replies = [(h, body) for _, h, body in seen if h.get(hdr.KIND) in ("batch", "reply")]
+    # Async endpoints answer within one turn of their proc's loop: each proc's three
+    # replies to a call leave as one message, gathered there: Mon-Ranks names the
+    # ranks, the body is the list of their values (as a NATS client sees it).
+    gathered = [(decode_ranks(h[hdr.RANKS]), loads(body)) for h, body in replies]
+    assert sorted(r for r, _ in gathered) == [[0, 1, 2]] * 5 + [[3, 4, 5]] * 5, gathered
+    assert sorted(v for _, v in gathered) == sorted([[i] * 3 for i in range(5)] * 2)
+    mesh.stop().get(timeout=60)
+
+
+def test_replies_that_cannot_be_gathered_leave_one_by_one_and_errors_keep_their_rank(procs):
+    """A tensor reply (its bytes out of band in a frame) is not gathered; an error
+    never is (a failing rank is named, its siblings' values are not lost)."""
+    import torch
+    mesh = procs.per_proc(workers=3).spawn("pp_ungathered", Worker, "t", [])
+    ns = runtime().namespace
+    with captured_traffic(os.environ["MONARCH_NATS_URL"], f"mon.{ns}.port.>") as seen:
+        got = mesh.tensor.call(2).get(timeout=60)
+    assert [t.tolist() for t in got.values()] == [[r, 2] for r in range(6)]
+    assert not [h for _, h, _ in seen if hdr.RANKS in h]
+    with pytest.raises(ActorError) as caught:
+        mesh.fail_on.call(4).get(timeout=60)
+    assert caught.value.rank == 4 and "rank 4 fails on purpose" in str(caught.value)
+    assert torch.is_tensor(got.item(gpus=0, workers=0))
     mesh.stop().get(timeout=60)
 
 

@@ -37,6 +37,7 @@ import pytest
 
 from monarch.actor import Accumulator, Actor, current_rank, endpoint, this_host
 from monarch.actors.calls.gather import Gather
+from monarch.actors.errors import MalformedMessageError
 from monarch.broker.bodies.codec import dumps
 from monarch.broker.connections import auth
 from monarch.broker.connections.server import EmbeddedBroker
@@ -141,12 +142,13 @@ def wait_for(predicate, what: str, timeout: float = TIMEOUT):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def reply_subject_of(seen: list, endpoint_name: str) -> tuple[str, dict]:
-    """The reply subject (and headers) of the first sniffed call to ``endpoint_name``."""
+def reply_subject_of(seen: list, endpoint_name: str, after: str = "") -> tuple[str, dict]:
+    """The reply subject (and headers) of the first sniffed call to ``endpoint_name``
+    (``after``: of a later call than the one answered there)."""
 
     def find():
         for _, reply, headers, _ in list(seen):
-            if headers.get("Mon-Endpoint") == endpoint_name and reply:
+            if headers.get("Mon-Endpoint") == endpoint_name and reply and reply != after:
                 return reply, headers
         return None
 
@@ -631,6 +633,61 @@ def test_without_a_key_a_merged_reply_must_name_ranks_of_one_proc_that_are_still
             k: v - before.get(k, 0) for k, v in Gather.dropped.items() if v != before.get(k, 0)
         }
         assert grown == {"unexpected_rank": 3, "duplicate": 1}
+    finally:
+        foreign.close()
+        pm.stop().get(timeout=TIMEOUT)
+
+
+def test_without_a_key_a_gathered_reply_must_name_ranks_of_one_proc_still_due_with_a_value_each(
+    nats_url, tmp_path
+):
+    # A plain call to 2 procs x 2 actors, whose replies a proc gathers into one list
+    # under Mon-Ranks: the same four forgeries as for a merged reply are dropped and
+    # the call gets the real values; then a gathered reply for due ranks with the wrong
+    # number of values fails the call, naming them, rather than filling in values.
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    foreign = Foreign(nats_url)
+    try:
+        mesh = pm.per_proc(workers=2).spawn("gathering", Holds)
+        st = mesh._state
+        release = [tmp_path / f"r{i}" for i in range(4)]
+        seen = foreign.sniff(f"mon.{st.rt.namespace}.act.gathering.{st.uid}.>")
+        before = dict(Gather.dropped)
+        call = mesh.hold.call([str(p) for p in release])
+        reply_to, _ = reply_subject_of(seen, "hold")
+        replies = foreign.sniff(reply_to)
+        release[0].touch()
+        release[1].touch()  # proc 0's group answers; proc 1's still holds
+
+        def answered(rank: int) -> bool:
+            return any(str(rank) == h.get("Mon-Rank") or h.get("Mon-Ranks") == "0-1"
+                       for _, _, h, _ in list(replies))  # fmt: skip
+
+        wait_for(lambda: answered(0) and answered(1), "proc 0's answers")
+        forged = [
+            reply(1, st.actor_id(1), [1000, 1000], **{"Mon-Ranks": "1-2"}),  # two procs
+            reply(2, st.actor_id(2), [1000] * 3, **{"Mon-Ranks": "2-4"}),  # 4 not asked
+            reply(2, st.actor_id(2), [1000], **{"Mon-Ranks": "2-x"}),  # malformed
+            reply(0, st.actor_id(0), [1000, 1000], **{"Mon-Ranks": "0-1"}),  # answered
+        ]
+        foreign.publish_all([(reply_to, "", h, body) for h, body in forged])
+        release[2].touch()
+        release[3].touch()
+        assert list(call.get(timeout=TIMEOUT).values()) == [0, 1, 2, 3]
+        grown = {
+            k: v - before.get(k, 0) for k, v in Gather.dropped.items() if v != before.get(k, 0)
+        }
+        assert grown == {"unexpected_rank": 3, "duplicate": 1}
+
+        later = [tmp_path / f"later{i}" for i in range(4)]
+        call = mesh.hold.call([str(p) for p in later])
+        reply_to, _ = reply_subject_of(seen, "hold", after=reply_to)
+        forged_count = reply(2, st.actor_id(2), [1000], **{"Mon-Ranks": "2-3"})
+        foreign.publish_all([(reply_to, "", *forged_count)])
+        with pytest.raises(MalformedMessageError, match=r"ranks 2-3 .* carries 1 values, not 2"):
+            call.get(timeout=TIMEOUT)
+        for p in later:
+            p.touch()
     finally:
         foreign.close()
         pm.stop().get(timeout=TIMEOUT)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from monarch.actors.calls.no_responders import no_responders
-from monarch.actors.errors import MessageLostError, SupervisionError
+from monarch.actors.errors import MalformedMessageError, MessageLostError, SupervisionError
 from monarch.actors.meshes.shape import View
 from monarch.actors.meshes.value_mesh import ValueMesh
 from monarch.actors.messaging import messages as m
@@ -165,13 +165,11 @@ class Gather:
         self._take(rank, msg)
 
     def _covered(self, rank: int, headers: Any) -> list[int] | None:
-        """The ranks a reply answers for: its own, or those of a reply merged on its proc
-        (``Mon-Ranks``, only in mode ``fold``, all of one proc); None: not for this call."""
+        """The ranks a reply answers for: its own, or those of a reply merged or gathered
+        on its proc (``Mon-Ranks``, all of one proc); None: not for this call."""
         text = headers.get(m.RANKS)
         if text is None:
             return [rank] if rank in self._expected else None
-        if self.mode != "fold":
-            return None
         try:
             ranks = decode_ranks(text)
         except ValueError:
@@ -255,6 +253,24 @@ class Gather:
         if self.mode == "fold":
             self._fold(rank, msg, ok, value)
             return
+        headers = msg.headers or {}
+        if m.RANKS not in headers:
+            self._settle(rank, ok, value)
+            return
+        # Gathered on its proc (monarch.actors.hosting.reduce): the ranks' values, in order.
+        covered = self._covered(rank, headers) or [rank]
+        if ok and (type(value) is not list or len(value) != len(covered)):
+            count = len(value) if type(value) is list else type(value).__name__
+            ok, value = False, MalformedMessageError(
+                f"a reply gathered on its proc for ranks {headers[m.RANKS]} of "
+                f"{self.state.name} carries {count} values, not {len(covered)}"
+            )
+        for r, v in zip(covered, value if ok else [value] * len(covered), strict=True):
+            if not self._settle(r, ok, v):
+                return
+
+    def _settle(self, rank: int, ok: bool, value: Any) -> bool:
+        """Rank ``rank`` answered ``value`` (or failed with it); False: the call is over."""
         self.values[rank] = value
         if self.trace is not None:
             st = self.state
@@ -266,10 +282,11 @@ class Gather:
             self._arrived += 1
             if self._arrived == len(self.expected):
                 self._close()
-            return
+                return False
+            return True
         if not ok:
             self.fail(value)
-            return
+            return False
         if len(self.values) == len(self.expected):
             self._close()
             if self.mode == "mesh":
@@ -277,6 +294,8 @@ class Gather:
             else:
                 result = value
             self.futures[0].set_result(result)
+            return False
+        return True
 
     def _fold(self, rank: int, msg: Msg, ok: bool, value: Any) -> None:
         """Mode ``fold``: combine one reply (a rank's, or several merged on their proc)

@@ -26,6 +26,14 @@ What stays as it was:
 
 If the reducer raises, or cannot be decoded, the ranks it would have merged
 answer with that error instead, and the caller's accumulate raises it.
+
+Any other call to a proc's whole group has its successful replies *gathered*
+the same way (:meth:`GroupReducer.gather`): when each is one plain msgpack
+body (no tensors, nothing out of band), they leave as one reply whose body is
+the list of their values in rank order, under ``Mon-Ranks`` as above, and the
+caller decodes the list in one go and takes each value as that rank's reply
+(at 8,192 actors over 16 procs, ~7 us a reply less at the caller, NOTES 62).
+Other replies leave one by one in the runtime's batch, as before.
 """
 
 from __future__ import annotations
@@ -38,11 +46,11 @@ from typing import TYPE_CHECKING, Any
 from nats.aio.msg import Msg
 
 from monarch.actors.messaging import messages as m
-from monarch.actors.messaging.reduction import decode_reducer, encode_ranks
+from monarch.actors.messaging.reduction import decode_reducer, encode_ranks, gathered_body
 from monarch.actors.process_state import actor_process
 from monarch.broker.bodies.codec import dumps, loads
 from monarch.core.runtime import Runtime
-from monarch.rdma.bulk import offload
+from monarch.rdma.bulk import offload, stays_inline
 
 if TYPE_CHECKING:  # annotations only
     from monarch.actors.hosting.instance import ActorInstance
@@ -69,13 +77,14 @@ def group_size(inst: ActorInstance) -> int:
 
 
 class _Merge:
-    """The replies to one call merged so far in this proc."""
+    """The replies to one call merged (or gathered: no reducer) so far in this proc."""
 
-    __slots__ = ("reducer", "value", "actors", "expected", "fresh", "error")
+    __slots__ = ("reducer", "value", "bodies", "actors", "expected", "fresh", "error")
 
-    def __init__(self, reducer: Callable[[Any, Any], Any], expected: int) -> None:
+    def __init__(self, reducer: Callable[[Any, Any], Any] | None, expected: int) -> None:
         self.reducer = reducer
         self.value: Any = None
+        self.bodies: list[bytes] = []  # gathered: each actor's body, beside self.actors
         self.actors: list[ActorInstance] = []
         self.expected = expected
         self.fresh = True  # a reply came since the last end-of-turn check
@@ -112,6 +121,20 @@ class GroupReducer:
         if len(merge.actors) >= merge.expected:
             self._send(subject)
 
+    def gather(self, inst: ActorInstance, msg: Msg, body: bytes) -> None:
+        """``inst``'s successful reply ``body`` (plain msgpack) to ``msg``, a call to its
+        whole group without a reducer: it leaves with its siblings' as one list."""
+        subject = msg.reply
+        merge = self._merges.get(subject)
+        if merge is None:
+            merge = self._merges[subject] = _Merge(None, group_size(inst))
+            self.rt.loop.call_soon(self._end_of_turn, subject)
+        merge.bodies.append(body)
+        merge.actors.append(inst)
+        merge.fresh = True
+        if len(merge.actors) >= merge.expected:
+            self._send(subject)
+
     def _end_of_turn(self, subject: str) -> None:
         merge = self._merges.get(subject)
         if merge is None:
@@ -124,6 +147,9 @@ class GroupReducer:
 
     def _send(self, subject: str) -> None:
         merge = self._merges.pop(subject)
+        if merge.reducer is None:
+            self._send_gathered(subject, merge)
+            return
         actors = sorted(merge.actors, key=lambda a: a.rank)
         if merge.error is None:
             try:
@@ -146,6 +172,26 @@ class GroupReducer:
         replies = actor_process(self.rt).replies
         if replies is not None:  # kept under each rank, should it be lost
             replies.sent(subject, [a.rank for a in actors], body, headers)
+        self.rt.publish(subject, body, headers, batchable=True)
+
+
+    def _send_gathered(self, subject: str, merge: _Merge) -> None:
+        pairs = sorted(zip(merge.actors, merge.bodies, strict=True), key=lambda p: p[0].rank)
+        if len(pairs) == 1:  # alone in its turn: the plain reply, as without gathering
+            inst, body = pairs[0]
+            inst._publish_reply(subject, "reply", body, batchable=True)
+            return
+        body = gathered_body([b for _, b in pairs])
+        if not stays_inline(len(body)) or len(body) > self.rt.max_payload:
+            for inst, part in pairs:  # too big together: each on its own, as without gathering
+                inst._publish_reply(subject, "reply", part, batchable=True)
+            return
+        first = pairs[0][0]
+        headers = first._reply_headers("reply", False, None)
+        headers[m.RANKS] = encode_ranks(a.rank for a, _ in pairs)
+        replies = actor_process(self.rt).replies
+        if replies is not None:  # kept under each rank, should it be lost
+            replies.sent(subject, [a.rank for a, _ in pairs], body, headers)
         self.rt.publish(subject, body, headers, batchable=True)
 
 

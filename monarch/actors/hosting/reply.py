@@ -39,7 +39,8 @@ from monarch.actors.hosting.group_fanout import shared_by_group
 from monarch.actors.hosting.reduce import group_reducer
 from monarch.actors.messaging import messages as m
 from monarch.actors.process_state import actor_process
-from monarch.rdma.bulk import offload, stays_inline
+from monarch.broker.bodies.codec import plain_msgpack
+from monarch.rdma.bulk import is_reference, offload, stays_inline
 from monarch.supervision.failure import SupervisionFailure
 
 log = logging.getLogger(__name__)
@@ -122,9 +123,11 @@ class Replying:
             )
             ok, body = False, m.encode_error(too_big)
         wait = bool(msg.headers and m.WAIT in msg.headers)
-        self._publish_reply(
-            msg.reply, "reply" if ok else "error", body, wait, at, self._to_whole_group(msg)
-        )
+        whole = self._to_whole_group(msg)
+        if ok and whole and not wait and not is_reference(body) and plain_msgpack(body):
+            group_reducer(self.rt).gather(self, msg, body)  # leaves with its siblings' replies
+            return
+        self._publish_reply(msg.reply, "reply" if ok else "error", body, wait, at, whole)
 
     def _reply_from_thread(self, msg: Msg, body: bytes, prop: EndpointProperty, at: int) -> bool:
         """On the actor's thread: write a call's plain reply itself; False: nothing sent,

@@ -1,15 +1,18 @@
-"""The wire form of a reducing call: ``Mon-Reduce`` and ``Mon-Ranks``.
+"""The wire form of replies that answer for several ranks: ``Mon-Reduce``, ``Mon-Ranks``.
 
 A call from an ``Accumulator`` given a reducer carries the reducer in its
 ``Mon-Reduce`` header; a reply merged on its proc names the ranks it answers
 for in ``Mon-Ranks`` (:mod:`monarch.actors.hosting.reduce` merges, the caller's
-:class:`~monarch.actors.calls.gather.Gather` folds).
+:class:`~monarch.actors.calls.gather.Gather` folds). A reply to any other call
+that names ``Mon-Ranks`` was *gathered* on its proc: its body is the list of
+those ranks' values, in that order (:func:`gathered_body`).
 """
 
 from __future__ import annotations
 
 import base64
 import functools
+import struct
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -69,3 +72,17 @@ def decode_ranks(text: str) -> list[int]:
     if len(set(ranks)) != len(ranks):
         raise ValueError("Mon-Ranks names a rank twice")
     return ranks
+
+
+def gathered_body(bodies: list[bytes]) -> bytes:
+    """One body whose value is the list of ``bodies``' values, each of them
+    :func:`~monarch.broker.bodies.codec.plain_msgpack`: a msgpack array header, then
+    the bodies as they are (nothing is decoded or encoded again)."""
+    n = len(bodies)
+    if n < 16:
+        head = bytes((0x90 | n,))
+    elif n < 1 << 16:
+        head = struct.pack(">BH", 0xDC, n)
+    else:
+        head = struct.pack(">BI", 0xDD, n)
+    return head + b"".join(bodies)

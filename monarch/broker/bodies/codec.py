@@ -352,6 +352,17 @@ _TUPLE_EXT, _NDARRAY_EXT, _TENSOR_EXT, _BYTEARRAY_EXT = (m.ext for m in _TYPE_MA
 _plain_decoders = {allow: _Decoder(allow, memoryview(b"")) for allow in (True, False)}
 
 
+def plain_msgpack(body: bytes) -> bool:
+    """Whether ``body`` (made by :func:`dumps`) is one msgpack object with nothing out of
+    band: not JSON, not a frame of raw buffers. Such bodies concatenated after a
+    msgpack array header decode as the list of their values (a reply gathered on its
+    proc, :func:`monarch.actors.messaging.reduction.gathered_body`)."""
+    n = len(body)
+    if not n or (n > 1 and body[0] < 0x80):  # empty, or JSON (every JSON body ends in \n)
+        return False
+    return not (n >= 2 and body[0] == 0xD7 and body[1] == _FRAME)
+
+
 def loads(
     data: bytes | bytearray | memoryview, *, allow_pickle: bool | None = None, take: bool = False
 ) -> Any:
