@@ -44,6 +44,10 @@ class Worker(Actor):
         return x
 
     @endpoint
+    async def text(self, n: int) -> str:
+        return str(context().actor_instance.rank.rank) * n
+
+    @endpoint
     async def tensor(self, x: int):
         import torch
 
@@ -166,15 +170,22 @@ def test_a_call_to_the_whole_mesh_leaves_each_proc_as_one_message(procs):
 
 
 def test_replies_that_cannot_be_gathered_leave_one_by_one_and_errors_keep_their_rank(procs):
-    """A tensor reply (its bytes out of band in a frame) is not gathered; an error
-    never is (a failing rank is named, its siblings' values are not lost)."""
+    """A tensor reply (its bytes out of band in a frame) is not gathered, nor are
+    replies too big together (three of 100 KB: over the 256 KiB a body may carry
+    inline); an error never is (a failing rank is named, its siblings' values are
+    not lost)."""
     import torch
+
     mesh = procs.per_proc(workers=3).spawn("pp_ungathered", Worker, "t", [])
     ns = runtime().namespace
     with captured_traffic(os.environ["MONARCH_NATS_URL"], f"mon.{ns}.port.>") as seen:
         got = mesh.tensor.call(2).get(timeout=60)
+        texts = mesh.text.call(100_000).get(timeout=60)
     assert [t.tolist() for t in got.values()] == [[r, 2] for r in range(6)]
+    assert list(texts.values()) == [str(r) * 100_000 for r in range(6)]
     assert not [h for _, h, _ in seen if hdr.RANKS in h]
+    small = mesh.text.call(1000).get(timeout=60)  # together under 256 KiB: gathered
+    assert list(small.values()) == [str(r) * 1000 for r in range(6)]
     with pytest.raises(ActorError) as caught:
         mesh.fail_on.call(4).get(timeout=60)
     assert caught.value.rank == 4 and "rank 4 fails on purpose" in str(caught.value)

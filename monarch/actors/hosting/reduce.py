@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +57,9 @@ if TYPE_CHECKING:  # annotations only
     from monarch.actors.hosting.instance import ActorInstance
 
 log = logging.getLogger(__name__)
+
+_by_rank = operator.attrgetter("rank")
+_first = operator.itemgetter(0)
 
 IMMUTABLE = frozenset({int, float, complex, str, bytes, bool, type(None)})
 """Reply types a merge may take as they are (nothing the actor keeps can change through them)."""
@@ -84,7 +88,7 @@ class _Merge:
     def __init__(self, reducer: Callable[[Any, Any], Any] | None, expected: int) -> None:
         self.reducer = reducer
         self.value: Any = None
-        self.bodies: list[bytes] = []  # gathered: each actor's body, beside self.actors
+        self.bodies: list[tuple[int, bytes]] = []  # gathered: (rank, its actor's body)
         self.actors: list[ActorInstance] = []
         self.expected = expected
         self.fresh = True  # a reply came since the last end-of-turn check
@@ -129,7 +133,7 @@ class GroupReducer:
         if merge is None:
             merge = self._merges[subject] = _Merge(None, group_size(inst))
             self.rt.loop.call_soon(self._end_of_turn, subject)
-        merge.bodies.append(body)
+        merge.bodies.append((inst.rank, body))
         merge.actors.append(inst)
         merge.fresh = True
         if len(merge.actors) >= merge.expected:
@@ -150,7 +154,7 @@ class GroupReducer:
         if merge.reducer is None:
             self._send_gathered(subject, merge)
             return
-        actors = sorted(merge.actors, key=lambda a: a.rank)
+        actors = sorted(merge.actors, key=_by_rank)
         if merge.error is None:
             try:
                 body = offload(dumps(merge.value), readers=1, ttl=None)
@@ -176,22 +180,22 @@ class GroupReducer:
 
 
     def _send_gathered(self, subject: str, merge: _Merge) -> None:
-        pairs = sorted(zip(merge.actors, merge.bodies, strict=True), key=lambda p: p[0].rank)
-        if len(pairs) == 1:  # alone in its turn: the plain reply, as without gathering
-            inst, body = pairs[0]
-            inst._publish_reply(subject, "reply", body, batchable=True)
+        if len(merge.actors) == 1:  # alone in its turn: the plain reply, as without gathering
+            merge.actors[0]._publish_reply(subject, "reply", merge.bodies[0][1], batchable=True)
             return
+        pairs = sorted(merge.bodies, key=_first)
         body = gathered_body([b for _, b in pairs])
         if not stays_inline(len(body)) or len(body) > self.rt.max_payload:
-            for inst, part in pairs:  # too big together: each on its own, as without gathering
-                inst._publish_reply(subject, "reply", part, batchable=True)
+            by_rank = {a.rank: a for a in merge.actors}
+            for rank, part in pairs:  # too big together: each on its own, as without gathering
+                by_rank[rank]._publish_reply(subject, "reply", part, batchable=True)
             return
-        first = pairs[0][0]
-        headers = first._reply_headers("reply", False, None)
-        headers[m.RANKS] = encode_ranks(a.rank for a, _ in pairs)
+        ranks = [r for r, _ in pairs]
+        headers = min(merge.actors, key=_by_rank)._reply_headers("reply", False, None)
+        headers[m.RANKS] = encode_ranks(ranks)
         replies = actor_process(self.rt).replies
         if replies is not None:  # kept under each rank, should it be lost
-            replies.sent(subject, [a.rank for a, _ in pairs], body, headers)
+            replies.sent(subject, ranks, body, headers)
         self.rt.publish(subject, body, headers, batchable=True)
 
 

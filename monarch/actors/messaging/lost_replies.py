@@ -111,11 +111,13 @@ class ReplyLedger:
         now = time.monotonic()
         with self._lock:
             if type(rank) is list:
-                kept = (now, body, headers)
+                kept, pop, keep, n = (now, body, headers), self._pending.pop, self._sent, 0
                 for r in rank:
-                    if self._pending.pop((subject, r), None) is not None:
-                        self._sent[(subject, r)] = kept
-                        self._bytes += len(body) + ENTRY_OVERHEAD
+                    key = (subject, r)
+                    if pop(key, None) is not None:
+                        keep[key] = kept
+                        n += 1
+                self._bytes += n * (len(body) + ENTRY_OVERHEAD)
             else:
                 key = (subject, rank)
                 if self._pending.pop(key, None) is None:
