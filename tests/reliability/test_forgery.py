@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import nats
@@ -592,46 +593,61 @@ class Holds(Actor):
         return wait_for_release(paths)
 
 
+def forge_four_replies_for_a_group(
+    foreign: Foreign, pm: Any, tmp_path: Path, name: str, start: Any, value: Any
+) -> tuple[Any, dict, dict, Any, list, str]:
+    """A call (``start(mesh, paths)``) to 2 procs x 2 ``Holds``; once proc 0's group has
+    answered, a foreign client answers under ``Mon-Ranks`` (each body ``value(n)`` for
+    n ranks) for ranks of two procs, for a rank not asked, in a malformed Mon-Ranks,
+    and again for proc 0's ranks; then proc 1's actors answer. Returns the call's
+    result, what Gather dropped meanwhile by reason, the call's headers, the mesh,
+    the sniffed calls and the reply subject."""
+    mesh = pm.per_proc(workers=2).spawn(name, Holds)
+    st = mesh._state
+    release = [tmp_path / f"r{i}" for i in range(4)]
+    seen = foreign.sniff(f"mon.{st.rt.namespace}.act.{name}.{st.uid}.>")
+    before = dict(Gather.dropped)
+    call = start(mesh, [str(p) for p in release])
+    reply_to, headers = reply_subject_of(seen, "hold")
+    replies = foreign.sniff(reply_to)
+    release[0].touch()
+    release[1].touch()  # proc 0's group answers; proc 1's still holds
+
+    def answered(rank: int) -> bool:
+        return any(str(rank) == h.get("Mon-Rank") or h.get("Mon-Ranks") == "0-1"
+                   for _, _, h, _ in list(replies))  # fmt: skip
+
+    wait_for(lambda: answered(0) and answered(1), "proc 0's answers")
+    forged = [
+        reply(1, st.actor_id(1), value(2), **{"Mon-Ranks": "1-2"}),  # two procs' ranks
+        reply(2, st.actor_id(2), value(3), **{"Mon-Ranks": "2-4"}),  # rank 4 was not asked
+        reply(2, st.actor_id(2), value(1), **{"Mon-Ranks": "2-x"}),  # malformed
+        reply(0, st.actor_id(0), value(2), **{"Mon-Ranks": "0-1"}),  # answered already
+    ]
+    foreign.publish_all([(reply_to, "", h, body) for h, body in forged])
+    release[2].touch()
+    release[3].touch()
+    result = call.get(timeout=TIMEOUT)
+    grown = {k: v - before.get(k, 0) for k, v in Gather.dropped.items() if v != before.get(k, 0)}
+    return result, grown, headers, mesh, seen, reply_to
+
+
 def test_without_a_key_a_merged_reply_must_name_ranks_of_one_proc_that_are_still_due(
     nats_url, tmp_path
 ):
-    # A reducing Accumulator on 2 procs x 2 actors: a foreign client answers for ranks of
-    # two procs, for a rank not asked, in a malformed Mon-Ranks, and again for a proc's
-    # ranks already answered. Each is dropped; the fold is the real 0+1+2+3.
+    # A reducing Accumulator: each forged merged reply is dropped; the fold is 0+1+2+3.
     pm = this_host().spawn_procs(per_host={"gpus": 2})
     foreign = Foreign(nats_url)
     try:
-        mesh = pm.per_proc(workers=2).spawn("merging", Holds)
-        st = mesh._state
-        release = [tmp_path / f"r{i}" for i in range(4)]
-        seen = foreign.sniff(f"mon.{st.rt.namespace}.act.merging.{st.uid}.>")
-        before = dict(Gather.dropped)
-        summed = Accumulator(mesh.hold, 0, operator.add, reducer=operator.add)
-        call = summed.accumulate([str(p) for p in release])
-        reply_to, headers = reply_subject_of(seen, "hold")
+        summed, grown, headers, *_ = forge_four_replies_for_a_group(
+            foreign, pm, tmp_path, "merging",
+            lambda mesh, paths: Accumulator(
+                mesh.hold, 0, operator.add, reducer=operator.add
+            ).accumulate(paths),
+            lambda n: 1000,
+        )  # fmt: skip
         assert headers.get("Mon-Reduce", "").startswith(("operator.add ", "_operator.add "))
-        replies = foreign.sniff(reply_to)
-        release[0].touch()
-        release[1].touch()  # proc 0's group answers; proc 1's still holds
-
-        def answered(rank: int) -> bool:
-            return any(str(rank) == h.get("Mon-Rank") or h.get("Mon-Ranks") == "0-1"
-                       for _, _, h, _ in list(replies))  # fmt: skip
-
-        wait_for(lambda: answered(0) and answered(1), "proc 0's answers")
-        forged = [
-            reply(1, st.actor_id(1), 1000, **{"Mon-Ranks": "1-2"}),  # two procs' ranks
-            reply(2, st.actor_id(2), 1000, **{"Mon-Ranks": "2-4"}),  # rank 4 was not asked
-            reply(2, st.actor_id(2), 1000, **{"Mon-Ranks": "2-x"}),  # malformed
-            reply(0, st.actor_id(0), 1000, **{"Mon-Ranks": "0-1"}),  # answered already
-        ]
-        foreign.publish_all([(reply_to, "", h, body) for h, body in forged])
-        release[2].touch()
-        release[3].touch()
-        assert call.get(timeout=TIMEOUT) == 0 + 1 + 2 + 3
-        grown = {
-            k: v - before.get(k, 0) for k, v in Gather.dropped.items() if v != before.get(k, 0)
-        }
+        assert summed == 0 + 1 + 2 + 3
         assert grown == {"unexpected_rank": 3, "duplicate": 1}
     finally:
         foreign.close()
@@ -641,47 +657,24 @@ def test_without_a_key_a_merged_reply_must_name_ranks_of_one_proc_that_are_still
 def test_without_a_key_a_gathered_reply_must_name_ranks_of_one_proc_still_due_with_a_value_each(
     nats_url, tmp_path
 ):
-    # A plain call to 2 procs x 2 actors, whose replies a proc gathers into one list
-    # under Mon-Ranks: the same four forgeries as for a merged reply are dropped and
-    # the call gets the real values; then a gathered reply for due ranks with the wrong
-    # number of values fails the call, naming them, rather than filling in values.
+    # A plain call, whose replies a proc gathers into one list under Mon-Ranks: each
+    # forged gathered reply is dropped and the call gets the real values; then a
+    # gathered reply for due ranks with the wrong number of values fails the call,
+    # naming them, rather than filling in values.
     pm = this_host().spawn_procs(per_host={"gpus": 2})
     foreign = Foreign(nats_url)
     try:
-        mesh = pm.per_proc(workers=2).spawn("gathering", Holds)
-        st = mesh._state
-        release = [tmp_path / f"r{i}" for i in range(4)]
-        seen = foreign.sniff(f"mon.{st.rt.namespace}.act.gathering.{st.uid}.>")
-        before = dict(Gather.dropped)
-        call = mesh.hold.call([str(p) for p in release])
-        reply_to, _ = reply_subject_of(seen, "hold")
-        replies = foreign.sniff(reply_to)
-        release[0].touch()
-        release[1].touch()  # proc 0's group answers; proc 1's still holds
-
-        def answered(rank: int) -> bool:
-            return any(str(rank) == h.get("Mon-Rank") or h.get("Mon-Ranks") == "0-1"
-                       for _, _, h, _ in list(replies))  # fmt: skip
-
-        wait_for(lambda: answered(0) and answered(1), "proc 0's answers")
-        forged = [
-            reply(1, st.actor_id(1), [1000, 1000], **{"Mon-Ranks": "1-2"}),  # two procs
-            reply(2, st.actor_id(2), [1000] * 3, **{"Mon-Ranks": "2-4"}),  # 4 not asked
-            reply(2, st.actor_id(2), [1000], **{"Mon-Ranks": "2-x"}),  # malformed
-            reply(0, st.actor_id(0), [1000, 1000], **{"Mon-Ranks": "0-1"}),  # answered
-        ]
-        foreign.publish_all([(reply_to, "", h, body) for h, body in forged])
-        release[2].touch()
-        release[3].touch()
-        assert list(call.get(timeout=TIMEOUT).values()) == [0, 1, 2, 3]
-        grown = {
-            k: v - before.get(k, 0) for k, v in Gather.dropped.items() if v != before.get(k, 0)
-        }
+        got, grown, _, mesh, seen, reply_to = forge_four_replies_for_a_group(
+            foreign, pm, tmp_path, "gathering",
+            lambda mesh, paths: mesh.hold.call(paths), lambda n: [1000] * n,
+        )  # fmt: skip
+        assert list(got.values()) == [0, 1, 2, 3]
         assert grown == {"unexpected_rank": 3, "duplicate": 1}
 
         later = [tmp_path / f"later{i}" for i in range(4)]
         call = mesh.hold.call([str(p) for p in later])
         reply_to, _ = reply_subject_of(seen, "hold", after=reply_to)
+        st = mesh._state
         forged_count = reply(2, st.actor_id(2), [1000], **{"Mon-Ranks": "2-3"})
         foreign.publish_all([(reply_to, "", *forged_count)])
         with pytest.raises(MalformedMessageError, match=r"ranks 2-3 .* carries 1 values, not 2"):

@@ -261,10 +261,11 @@ class Gather:
         covered = self._covered(rank, headers) or [rank]
         if ok and (type(value) is not list or len(value) != len(covered)):
             count = len(value) if type(value) is list else type(value).__name__
-            ok, value = False, MalformedMessageError(
+            value = MalformedMessageError(
                 f"a reply gathered on its proc for ranks {headers[m.RANKS]} of "
                 f"{self.state.name} carries {count} values, not {len(covered)}"
             )
+            ok = False
         for r, v in zip(covered, value if ok else [value] * len(covered), strict=True):
             if not self._settle(r, ok, v):
                 return

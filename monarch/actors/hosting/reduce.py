@@ -178,7 +178,6 @@ class GroupReducer:
             replies.sent(subject, [a.rank for a in actors], body, headers)
         self.rt.publish(subject, body, headers, batchable=True)
 
-
     def _send_gathered(self, subject: str, merge: _Merge) -> None:
         if len(merge.actors) == 1:  # alone in its turn: the plain reply, as without gathering
             merge.actors[0]._publish_reply(subject, "reply", merge.bodies[0][1], batchable=True)

@@ -6,14 +6,17 @@ is kept by the process's lost-replies record, should the broker lose it. A faile
 stopping actor refuses what it is sent (:meth:`Replying._refuse`), saying why.
 
 An actor of a mesh with several actors per proc (``ProcMesh.per_proc``) answers a
-call that went to its whole local group on the loop, as a *batchable* message: the
-replies of the group's actors to one call, written in one loop turn, leave as one
-NATS message (the runtime's batch, :mod:`monarch.broker.bodies.batch`, which the
-caller's intake takes apart reply by reply, so its per-rank checks, ordering and
-lost-reply accounting are those of single replies). A batch never waits past its
-loop turn and never crosses a message to another subject, so nothing is reordered.
-A call from an ``Accumulator`` given a reducer goes further: the group's successful
-replies are merged into one on the proc (:mod:`monarch.actors.hosting.reduce`).
+call that went to its whole local group on the loop. A successful reply whose body
+is plain msgpack is *gathered* with its siblings' into one reply, the list of their
+values under ``Mon-Ranks`` (:mod:`monarch.actors.hosting.reduce`; the caller
+decodes one body per proc); a call from an ``Accumulator`` given a reducer has them
+merged into one value there instead. Anything else (an error, a reply with tensors
+or other out-of-band bytes) leaves as a *batchable* message: the replies written in
+one loop turn leave as one NATS message (the runtime's batch,
+:mod:`monarch.broker.bodies.batch`, which the caller's intake takes apart reply by
+reply). Either way the per-rank checks, ordering and lost-reply accounting are
+those of single replies. A batch never waits past its loop turn and never crosses
+a message to another subject, so nothing is reordered.
 
 A mixin of :class:`~monarch.actors.hosting.instance.ActorInstance`, which holds
 the state it uses (set in its ``__init__``).

@@ -65,8 +65,9 @@ TABLE: dict[str, str] = {
     REDUCE: "on a call from an Accumulator given a reducer: the reducer's name, then itself "
     "(encoded like a body, base64): the replies of a per_proc mesh's actors in one proc "
     "may be merged there (monarch.actors.hosting.reduce)",
-    RANKS: "on a reply merged on its proc: the ranks it answers for, as 0-5,8 (Mon-Rank is "
-    "the first)",
+    RANKS: "on a reply merged or gathered on its proc: the ranks it answers for, as 0-5,8 "
+    "(Mon-Rank is the first); a gathered reply's body is the list of their values, in that "
+    "order (monarch.actors.hosting.reduce)",
     TRACE: "only while telemetry is on (MONARCH_TELEMETRY=1): the call's trace id, which "
     "links its send, deliver, handle and reply spans (monarch.telemetry)",
 }
