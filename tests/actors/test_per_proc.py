@@ -285,6 +285,13 @@ def test_a_slice_along_the_per_proc_dimension_reaches_only_its_actors(procs):
     assert [g[0] for g in got] == [1, 4]  # the actors' ranks in the whole mesh
     assert [g[2] for g in got] == [{"gpus": 0}, {"gpus": 1}]  # their places in the slice
     assert mesh.slice(gpus=1, workers=2).ping.call_one(5).get(timeout=60) == 5
+    # the whole mesh again, then the slice: each message's own place (an actor keeps
+    # its context for whole-mesh messages and sets it only when it changes)
+    whole = [{"gpus": i, "workers": j} for i in range(2) for j in range(3)]
+    for _ in range(2):
+        assert [g[2] for g in mesh.where.call().get(timeout=60).values()] == whole
+        got = list(one_each.where.call().get(timeout=60).values())
+        assert [g[2] for g in got] == [{"gpus": 0}, {"gpus": 1}]
     mesh.stop().get(timeout=60)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from nats.aio.msg import Msg
 
 from monarch.actors.calls.activity import call_listeners, tell_later
-from monarch.actors.calls.context import Context, set_context
+from monarch.actors.calls.context import Context, set_context, use_context
 from monarch.actors.calls.endpoint import EndpointProperty
 from monarch.actors.calls.ports import Port
 from monarch.actors.errors import (
@@ -121,6 +121,9 @@ class Dispatch:
                 self._respond_unknown(item)
             elif prop.concurrent:
                 self._start_concurrent(prop, item)
+            elif prop.is_async:  # what _run_one does, one coroutine fewer a message
+                ok, body, at = await self._invoke_async(prop, item)
+                self._respond(item, ok, body, prop, at)
             else:
                 await self._run_one(prop, item)
         if self._stop_requested:
@@ -220,7 +223,9 @@ class Dispatch:
             ) from e
         if view_spec is None:
             message_point = self.point
-        set_context(Context(self.info, message_point))
+            use_context(self.own_context)
+        else:
+            set_context(Context(self.info, message_point))
         if prop.explicit_response_port:
             args = (Port(msg.reply or "", self.rank, message_point.rank), *args)
         return args, kwargs, message_point.rank

@@ -88,6 +88,9 @@ class ActorInstance(Delivery, Dispatch, Replying):
             class_name=f"{cls.__module__}.{cls.__qualname__}",
             creator=creator,
         )
+        # Its context for a message sent to its whole mesh (most are): made once, so a
+        # runner whose context holds it already need not set it again (use_context).
+        self.own_context = Context(self.info, self.point)
         self.obj: Any = None
         self.subscriptions: list[Any] = []
         self.failed: BaseException | None = None
