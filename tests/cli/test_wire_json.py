@@ -130,3 +130,41 @@ def test_a_job_in_json_mode_sends_readable_bodies(nats_url, tmp_path):
     for _, _, data in calls + replies:
         json.loads(data)
     assert '"$ndarray"' in replies[0][2].decode()
+
+
+def test_a_per_proc_groups_replies_in_json_mode_stay_readable_one_by_one(nats_url, tmp_path):
+    """A proc gathers its per_proc group's replies into one msgpack list only when
+    every body is msgpack; in JSON mode each reply stays its own readable JSON body
+    (no Mon-Ranks), and the call's values are the same."""
+    script = tmp_path / "client.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            from monarch.actor import Actor, current_rank, endpoint, this_host
+
+            class Echo(Actor):
+                @endpoint
+                async def echo(self, x):
+                    return (x, current_rank().rank)
+
+            procs = this_host().spawn_procs(per_host={"gpus": 2})
+            e = procs.per_proc(workers=2).spawn("jsongroup", Echo)
+            print(list(e.echo.call("a").get(timeout=60).values()), flush=True)
+            procs.stop().get(timeout=60)
+            """
+        )
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MONARCH_WIRE="json")
+    with captured_traffic(nats_url) as captured:
+        out = subprocess.run(
+            [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+        )
+    assert out.returncode == 0, out.stderr
+    assert "[('a', 0), ('a', 1), ('a', 2), ('a', 3)]" in out.stdout
+    replies = [
+        c
+        for c in captured
+        if c[1].get("Mon-Kind") == "reply" and "jsongroup" in c[1].get("Mon-From", "")
+    ]
+    assert len(replies) == 4 and not [h for _, h, _ in replies if "Mon-Ranks" in h]
+    assert sorted(json.loads(data)["$tuple"][1] for _, _, data in replies) == [0, 1, 2, 3]
