@@ -92,34 +92,41 @@ def test_malformed_json_bodies_raise_decode_error(body):
         loads(body)
 
 
-def test_a_job_in_json_mode_sends_readable_bodies(nats_url, tmp_path):
-    """Client and procs both speak JSON: every actor message on the wire parses as JSON."""
+def run_json_job(nats_url: str, tmp_path, source: str) -> tuple[str, list]:
+    """Run ``source`` as a client script with ``MONARCH_WIRE=json`` (its procs inherit it);
+    its stdout, and every message on the broker meanwhile."""
     script = tmp_path / "client.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-            import numpy as np
-            from monarch.actor import Actor, endpoint, this_host
-
-            class Echo(Actor):
-                @endpoint
-                def echo(self, x):
-                    return (x, np.ones(2))
-
-            procs = this_host().spawn_procs(per_host={"gpus": 2})
-            e = procs.spawn("jsonecho", Echo)
-            print(list(e.echo.call((1, b"b")).get(timeout=60).values()), flush=True)
-            procs.stop().get(timeout=60)
-            """
-        )
-    )
+    script.write_text(textwrap.dedent(source))
     env = dict(os.environ, PYTHONPATH=str(ROOT), MONARCH_WIRE="json")
     with captured_traffic(nats_url) as captured:
         out = subprocess.run(
             [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
         )
     assert out.returncode == 0, out.stderr
-    assert "((1, b'b'), array([1., 1.]))" in out.stdout
+    return out.stdout, captured
+
+
+def test_a_job_in_json_mode_sends_readable_bodies(nats_url, tmp_path):
+    """Client and procs both speak JSON: every actor message on the wire parses as JSON."""
+    stdout, captured = run_json_job(
+        nats_url,
+        tmp_path,
+        """
+        import numpy as np
+        from monarch.actor import Actor, endpoint, this_host
+
+        class Echo(Actor):
+            @endpoint
+            def echo(self, x):
+                return (x, np.ones(2))
+
+        procs = this_host().spawn_procs(per_host={"gpus": 2})
+        e = procs.spawn("jsonecho", Echo)
+        print(list(e.echo.call((1, b"b")).get(timeout=60).values()), flush=True)
+        procs.stop().get(timeout=60)
+        """,
+    )
+    assert "((1, b'b'), array([1., 1.]))" in stdout
     calls = [c for c in captured if ".act.jsonecho." in c[0]]
     replies = [
         c
@@ -136,31 +143,24 @@ def test_a_per_proc_groups_replies_in_json_mode_stay_readable_one_by_one(nats_ur
     """A proc gathers its per_proc group's replies into one msgpack list only when
     every body is msgpack; in JSON mode each reply stays its own readable JSON body
     (no Mon-Ranks), and the call's values are the same."""
-    script = tmp_path / "client.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-            from monarch.actor import Actor, current_rank, endpoint, this_host
+    stdout, captured = run_json_job(
+        nats_url,
+        tmp_path,
+        """
+        from monarch.actor import Actor, current_rank, endpoint, this_host
 
-            class Echo(Actor):
-                @endpoint
-                async def echo(self, x):
-                    return (x, current_rank().rank)
+        class Echo(Actor):
+            @endpoint
+            async def echo(self, x):
+                return (x, current_rank().rank)
 
-            procs = this_host().spawn_procs(per_host={"gpus": 2})
-            e = procs.per_proc(workers=2).spawn("jsongroup", Echo)
-            print(list(e.echo.call("a").get(timeout=60).values()), flush=True)
-            procs.stop().get(timeout=60)
-            """
-        )
+        procs = this_host().spawn_procs(per_host={"gpus": 2})
+        e = procs.per_proc(workers=2).spawn("jsongroup", Echo)
+        print(list(e.echo.call("a").get(timeout=60).values()), flush=True)
+        procs.stop().get(timeout=60)
+        """,
     )
-    env = dict(os.environ, PYTHONPATH=str(ROOT), MONARCH_WIRE="json")
-    with captured_traffic(nats_url) as captured:
-        out = subprocess.run(
-            [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
-        )
-    assert out.returncode == 0, out.stderr
-    assert "[('a', 0), ('a', 1), ('a', 2), ('a', 3)]" in out.stdout
+    assert "[('a', 0), ('a', 1), ('a', 2), ('a', 3)]" in stdout
     replies = [
         c
         for c in captured
