@@ -1,4 +1,5 @@
-"""The wire form of a reducing call: ``Mon-Ranks`` ranges and the ``Mon-Reduce`` header."""
+"""The wire form of merged and gathered replies: ``Mon-Ranks`` ranges, the ``Mon-Reduce``
+header, and a gathered reply's body."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from monarch.actors.messaging.reduction import (
     decode_reducer,
     encode_ranks,
     encode_reducer,
+    gathered_body,
 )
+from monarch.broker.bodies.codec import dumps, loads, plain_msgpack
 
 
 @given(st.sets(st.integers(min_value=0, max_value=5000), min_size=1))
@@ -68,3 +71,24 @@ def test_with_pickle_off_a_reducer_is_refused_at_the_caller_and_on_the_proc(monk
         monkeypatch.undo()
         settings.cache_clear()
         decode_reducer.cache_clear()
+
+
+VALUES = [1, "a", (1, (2, "b")), [3, None], {"k": (1,)}, 2**70, b"raw", 1.5, True]
+
+
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 65_536])  # each msgpack array header size
+def test_a_gathered_body_decodes_as_the_list_of_the_bodies_values(n):
+    values = (VALUES * (n // len(VALUES) + 1))[:n]
+    bodies = [dumps(v, wire="msgpack") for v in values]
+    assert all(plain_msgpack(b) for b in bodies)
+    assert loads(gathered_body(bodies)) == values
+
+
+def test_json_bodies_and_frames_of_raw_bytes_are_never_gathered():
+    import torch
+
+    assert not plain_msgpack(dumps(5, wire="json"))  # b"5\n"
+    assert not plain_msgpack(dumps(torch.zeros(3), wire="msgpack"))  # a frame
+    assert not plain_msgpack(dumps(bytearray(b"x"), wire="msgpack"))
+    assert not plain_msgpack(b"")
+    assert plain_msgpack(dumps(5, wire="msgpack"))  # one byte, a positive fixint

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import base64
 import functools
-import struct
 from collections.abc import Callable, Iterable
 from typing import Any
+
+import msgpack
 
 from monarch.broker.bodies.codec import dumps, loads
 
@@ -78,11 +79,4 @@ def gathered_body(bodies: list[bytes]) -> bytes:
     """One body whose value is the list of ``bodies``' values, each of them
     :func:`~monarch.broker.bodies.codec.plain_msgpack`: a msgpack array header, then
     the bodies as they are (nothing is decoded or encoded again)."""
-    n = len(bodies)
-    if n < 16:
-        head = bytes((0x90 | n,))
-    elif n < 1 << 16:
-        head = struct.pack(">BH", 0xDC, n)
-    else:
-        head = struct.pack(">BI", 0xDD, n)
-    return head + b"".join(bodies)
+    return msgpack.Packer().pack_array_header(len(bodies)) + b"".join(bodies)
