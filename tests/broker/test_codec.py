@@ -149,6 +149,29 @@ def test_plain_data_encodes_as_msgpack_with_tuples_as_marker_arrays():
     assert msgpack.unpackb(dumps((1, 2))) == [msgpack.ExtType(1, b""), 1, 2]
 
 
+SCALARS = [v for v in PLAIN_VALUES if type(v) in (type(None), bool, int, float, str, bytes)]
+
+
+@pytest.mark.parametrize("value", SCALARS, ids=repr)
+def test_a_scalar_is_msgpacks_own_bytes_or_beyond_64_bits_the_codecs_ext(value):
+    """A lone scalar takes a short path (most replies are one); its body is what the
+    full path writes: msgpack's own bytes, which a gathered reply concatenates."""
+    try:
+        plain = msgpack.packb(value, use_bin_type=True)
+    except OverflowError:  # an int beyond 64 bits: the codec's own ext, as before
+        assert msgpack.unpackb(dumps(value)) != value
+        assert_same(value, roundtrip(value))
+        return
+    assert dumps(value) == plain
+    assert dumps(value, wire="json") != plain  # JSON wire: still JSON
+
+
+def test_a_str_msgpack_refuses_is_an_encode_error_naming_it():
+    with pytest.raises(EncodeError, match="cannot encode a str: UnicodeEncodeError"):
+        dumps("\ud800")
+    assert dumps("after") == msgpack.packb("after")  # the encoder is fine afterwards
+
+
 FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 ALL_DTYPES = (
     FLOAT_DTYPES

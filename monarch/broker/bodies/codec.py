@@ -53,6 +53,7 @@ _TUPLE, _NDARRAY, _TENSOR, _PICKLE, _BYTEARRAY, _BIGINT, _FRAME = 1, 2, 3, 4, 5,
 _FRAME_HEAD = struct.Struct(">BbQ")  # msgpack fixext8: 0xd7, code, 8-byte length
 _PACKER_KEEPS = 1 << 20  # a Packer keeps its largest buffer; replace it after bigger bodies
 _LEAVES = frozenset((type(None), bool, int, float, str, bytes, tuple))
+_SCALARS = frozenset((type(None), bool, int, float, str, bytes))  # msgpack packs them alone
 
 
 class _Mark:
@@ -256,6 +257,13 @@ def dumps(
     if (wire or cfg.wire) == "json":
         return json_wire.dumps(obj, allow_pickle=allow)
     enc = _encoders.by_allow[allow]
+    if type(obj) in _SCALARS and not enc.busy:
+        # Nothing to look through, nothing out of band: msgpack's own bytes, which are
+        # the full path's (a reply is mostly such a value: 0.5 -> 0.1 us a body).
+        try:
+            return enc.packer.pack(obj)
+        except Exception:  # a big int (the codec's ext), a str msgpack refuses: as below
+            pass
     enc = _Encoder(allow) if enc.busy else enc
     enc.big_out = big_out
     try:
