@@ -8,6 +8,7 @@ that dies with several ranks, a failing ``__init__``, and stopping.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -42,6 +43,20 @@ class Worker(Actor):
     @endpoint
     async def ping(self, x: int) -> int:
         return x
+
+    @endpoint
+    async def suspend(self) -> tuple[bool, str, bool, int]:
+        """Awaits across a timeout: the task it runs in, before and after, is one."""
+        task = asyncio.current_task()
+        try:
+            async with asyncio.timeout(0.05):  # cancels the task it was entered in
+                await asyncio.sleep(30)
+            timed_out = False
+        except TimeoutError:
+            timed_out = True
+        await asyncio.sleep(0)
+        same = asyncio.current_task() is task
+        return same, task.get_name(), timed_out, context().actor_instance.rank.rank
 
     @endpoint
     async def text(self, n: int) -> str:
@@ -237,6 +252,23 @@ def test_a_groups_actors_share_unchangeable_arguments_and_each_gets_its_own_list
     # a slice of the group: each actor's own subscription, its own decoding
     got = list(mesh.slice(workers=slice(0, 2)).keep.call(label, pair).get(timeout=60).values())
     assert len({g[0] for g in got[:2]}) == 2
+    mesh.stop().get(timeout=60)
+
+
+def test_an_endpoint_that_suspends_runs_in_its_actors_task_from_start_to_end(procs):
+    """An idle actor's message starts inside the delivery itself (mailbox.LoopRunner):
+    its endpoint still sees its actor's task as the current one before and after an
+    await, so asyncio.timeout cancels that endpoint's wait and nothing else."""
+    mesh = procs.per_proc(workers=3).spawn("pp_suspend", Worker, "t", [])
+    for _ in range(2):
+        first, second = mesh.suspend.call(), mesh.suspend.call()  # the second waits its turn
+        for got in (first.get(timeout=60), second.get(timeout=60)):
+            seen = sorted(
+                (same, name.startswith("actor pp_suspend.") and name.endswith(f"[{r}]"), out, r)
+                for same, name, out, r in got.values()
+            )
+            assert seen == [(True, True, True, r) for r in range(6)], list(got.values())
+    assert list(mesh.ping.call(7).get(timeout=60).values()) == [7] * 6  # all still serving
     mesh.stop().get(timeout=60)
 
 

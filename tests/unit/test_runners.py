@@ -10,6 +10,8 @@ stop at ``STOP``, leaving later items to ``take_pending``.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import logging
 import threading
 from collections.abc import Iterator
 
@@ -404,3 +406,155 @@ def test_loop_runner_wakes_for_each_item_put_while_it_waits_and_cancels_while_id
     on_loop(loop, r.put, "late")  # after the end: kept, not handled, no error
     assert on_loop(loop, r.take_pending) == ["late"]
     assert handled == [0, 1, 2]
+
+
+# -- LoopRunner: an item that finds it idle starts at once ------------------------------
+
+seen_var: contextvars.ContextVar[str] = contextvars.ContextVar("seen_var", default="unset")
+
+
+def in_callback(loop: asyncio.AbstractEventLoop, fn, *args):
+    """Run ``fn(*args)`` in a plain callback of the loop (no task current, as the
+    broker's intake delivers) and return its value."""
+    done = threading.Event()
+    out: list = []
+
+    def call():
+        try:
+            out.append(fn(*args))
+        finally:
+            done.set()
+
+    loop.call_soon_threadsafe(call)
+    assert done.wait(WAIT)
+    return out[0]
+
+
+def test_loop_runner_item_put_while_idle_is_handled_within_put_in_the_runners_task_and_context(
+    loop,
+):
+    handled: list[tuple] = []
+
+    async def handle(item):
+        handled.append((item, asyncio.current_task().get_name(), seen_var.get()))
+        seen_var.set(f"set by {item}")
+
+    r = start_loop_runner(loop, handle)
+    wait_until_idle(loop, r)
+
+    def put_and_look(item):
+        before = len(handled)
+        r.put(item)
+        return len(handled) - before, seen_var.get(), asyncio.current_task(loop)
+
+    # handled before put returned, with the runner's task current, in the runner's context
+    # (what item 0 set is what item 1 sees); the caller's context and task are its own again
+    assert in_callback(loop, put_and_look, 0) == (1, "unset", None)
+    assert in_callback(loop, put_and_look, 1) == (1, "unset", None)
+    assert handled == [(0, TASK, "unset"), (1, TASK, "set by 0")]
+    finish(loop, r)
+
+
+def test_loop_runner_item_put_from_a_task_is_queued_for_the_runners_task(loop):
+    """An actor sending to another actor of its process puts from its own task: the
+    item waits for the runner's task, so one start never runs inside another."""
+    handled: list[object] = []
+
+    async def handle(item):
+        handled.append((item, asyncio.current_task().get_name()))
+
+    r = start_loop_runner(loop, handle)
+    wait_until_idle(loop, r)
+
+    def put_and_count(item):
+        r.put(item)
+        return len(handled)
+
+    assert on_loop(loop, put_and_count, "from a task") == 0  # on_loop runs it in a task
+    finish(loop, r)
+    assert handled == [("from a task", TASK)]
+
+
+def test_loop_runner_item_that_suspends_at_its_start_ends_before_anything_put_meanwhile(loop):
+    events: list[str] = []
+    r: LoopRunner
+
+    async def handle(item):
+        events.append(f"start {item} in {asyncio.current_task().get_name()}")
+        if item == 0:
+            r.put("put by 0")  # to itself, while its start runs
+            await asyncio.sleep(0)
+            await asyncio.sleep(0.01)
+        events.append(f"end {item} in {asyncio.current_task().get_name()}")
+
+    r = start_loop_runner(loop, handle)
+    wait_until_idle(loop, r)
+
+    def put_three():
+        for item in (0, 1, 2):
+            r.put(item)
+
+    in_callback(loop, put_three)
+    finish(loop, r)
+    assert events == [
+        f"start 0 in {TASK}", f"end 0 in {TASK}",
+        f"start put by 0 in {TASK}", f"end put by 0 in {TASK}",
+        f"start 1 in {TASK}", f"end 1 in {TASK}",
+        f"start 2 in {TASK}", f"end 2 in {TASK}",
+    ]  # fmt: skip
+
+
+def test_loop_runner_cancelled_before_going_on_with_a_started_item_cancels_that_item(loop):
+    cancelled: list[object] = []
+    waited_on: list[asyncio.Future] = []
+
+    async def handle(item):
+        fut = asyncio.get_running_loop().create_future()
+        waited_on.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            cancelled.append(item)
+            raise
+
+    r = start_loop_runner(loop, handle)
+    wait_until_idle(loop, r)
+
+    def put_then_cancel():  # one loop turn: the runner's task never took the started item
+        r.put("started")
+        r.put("queued")
+        r.cancel()
+
+    in_callback(loop, put_then_cancel)
+    wait_task_end(loop)
+    assert cancelled == ["started"]
+    assert on_loop(loop, waited_on[0].cancelled)  # what it waited on, as a task's cancel does
+    assert on_loop(loop, r.take_pending) == ["queued"]
+
+
+def test_loop_runner_error_escaping_a_started_item_is_logged_and_the_runner_goes_on(loop, caplog):
+    handled: list[object] = []
+
+    async def handle(item):
+        if item == "bad":
+            raise RuntimeError("escaped the handler")
+        handled.append(item)
+
+    r = start_loop_runner(loop, handle)
+    wait_until_idle(loop, r)
+    with caplog.at_level(logging.ERROR, logger="monarch.actors.hosting.mailbox"):
+        in_callback(loop, r.put, "bad")
+        in_callback(loop, r.put, "good")
+    finish(loop, r)
+    assert handled == ["good"]
+    assert "escaped the handler" in caplog.text
+
+
+def wait_until_idle(loop, r: LoopRunner) -> None:
+    """Until the runner's task waits for work (an item put now starts at once)."""
+
+    async def idle():
+        while r._waiter is None:  # noqa: SLF001  (the state put() reads)
+            await asyncio.sleep(0.001)
+
+    asyncio.run_coroutine_threadsafe(asyncio.wait_for(idle(), WAIT), loop).result(WAIT + 1)
