@@ -64,6 +64,12 @@ class Settings(BrokerSettings):
         "message (0: sleep at once). Pays only where waking a sleeping core is slow "
         "(benchmarks/NOTES.md 16 and 26); 1000 there.",
     )
+    eager_start: bool = Field(
+        True,
+        description="Start a message the broker delivers to an idle actor whose endpoints are "
+        "all async inside its delivery, as Python 3.12's eager tasks (0: always on the next "
+        "turn of the actor's task; monarch.actors.hosting.mailbox; benchmarks/NOTES.md 63).",
+    )
     flow_batch: int = Field(1000, ge=1, description="Messages between two flow markers.")
     flow_window: int = Field(16, ge=1, description="Unanswered flow markers before a sender waits.")
     flow_bytes: int = Field(

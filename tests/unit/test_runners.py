@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 from monarch.actors.hosting.mailbox import STOP, Job, LoopRunner, ThreadRunner
+from monarch.settings import settings
 
 WAIT = 10  # seconds: a bound on every wait, never an expectation
 
@@ -453,6 +454,32 @@ def test_loop_runner_item_put_while_idle_is_handled_within_put_in_the_runners_ta
     assert in_callback(loop, put_and_look, 1) == (1, "unset", None)
     assert handled == [(0, TASK, "unset"), (1, TASK, "set by 0")]
     finish(loop, r)
+
+
+def test_loop_runner_not_eager_queues_an_item_put_while_idle_for_its_task(loop, monkeypatch):
+    """``MONARCH_EAGER_START=0``: every item waits for the runner's task (the switch is
+    read when the runner is made)."""
+    handled: list[object] = []
+
+    async def handle(item):
+        handled.append((item, asyncio.current_task().get_name()))
+
+    monkeypatch.setenv("MONARCH_EAGER_START", "0")
+    settings.cache_clear()
+    try:
+        r = start_loop_runner(loop, handle)
+    finally:
+        monkeypatch.delenv("MONARCH_EAGER_START")
+        settings.cache_clear()
+    wait_until_idle(loop, r)
+
+    def put_and_count(item):
+        r.put(item)
+        return len(handled)
+
+    assert in_callback(loop, put_and_count, "queued") == 0
+    finish(loop, r)
+    assert handled == [("queued", TASK)]
 
 
 def test_loop_runner_item_put_from_a_task_is_queued_for_the_runners_task(loop):

@@ -25,6 +25,8 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from monarch.settings import settings
+
 log = logging.getLogger(__name__)
 
 STOP = object()
@@ -126,6 +128,7 @@ class LoopRunner:
     63). One that suspends is finished by the runner's task, before anything queued
     meanwhile. A message put from a task (an actor sending to an actor of its own
     process) is queued as before, so one start never runs inside another.
+    ``MONARCH_EAGER_START=0`` (``eager=False``) queues every message.
     """
 
     def __init__(
@@ -133,8 +136,10 @@ class LoopRunner:
         loop: asyncio.AbstractEventLoop,
         name: str,
         handle: Callable[[Any], Awaitable[None]],
+        eager: bool | None = None,
     ) -> None:
         self.loop = loop
+        self._eager = settings().eager_start if eager is None else eager
         # A plain deque and one waiter rather than an asyncio.Queue: the queue's get and
         # put cost ~9% of a proc's CPU per message with 512 async actors (py-spy,
         # benchmarks/NOTES.md 58); this runner is the queue's only reader.
@@ -148,7 +153,8 @@ class LoopRunner:
         """On the loop."""
         waiter = self._waiter
         if (
-            waiter is not None  # the runner waits for work: nothing queued, nothing running
+            self._eager
+            and waiter is not None  # the runner waits for work: nothing queued, nothing running
             and not waiter.done()  # (done: its task was cancelled, or woken already)
             and _current_tasks.get(self.loop) is None  # from a callback, not from a task
             and type(item) is not Job
