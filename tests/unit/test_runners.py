@@ -13,6 +13,7 @@ import asyncio
 import contextvars
 import logging
 import threading
+import types
 from collections.abc import Iterator
 
 import pytest
@@ -409,9 +410,18 @@ def test_loop_runner_wakes_for_each_item_put_while_it_waits_and_cancels_while_id
     assert handled == [0, 1, 2]
 
 
-# -- LoopRunner: an item that finds it idle starts at once ------------------------------
+# -- LoopRunner: a call that finds it idle starts at once ------------------------------
 
 seen_var: contextvars.ContextVar[str] = contextvars.ContextVar("seen_var", default="unset")
+
+
+def call(name: object) -> types.SimpleNamespace:
+    """An item with a reply subject, as a call's message has."""
+    return types.SimpleNamespace(name=name, reply=f"inbox.{name}")
+
+
+def name_of(item: object) -> object:
+    return getattr(item, "name", item)
 
 
 def in_callback(loop: asyncio.AbstractEventLoop, fn, *args):
@@ -420,25 +430,42 @@ def in_callback(loop: asyncio.AbstractEventLoop, fn, *args):
     done = threading.Event()
     out: list = []
 
-    def call():
+    def run():
         try:
             out.append(fn(*args))
         finally:
             done.set()
 
-    loop.call_soon_threadsafe(call)
+    loop.call_soon_threadsafe(run)
     assert done.wait(WAIT)
     return out[0]
 
 
-def test_loop_runner_item_put_while_idle_is_handled_within_put_in_the_runners_task_and_context(
+def recording_runner(loop, handled: list):
+    """A runner whose items are recorded as (name, the task that ran them), made idle."""
+
+    async def handle(item):
+        handled.append((name_of(item), asyncio.current_task().get_name()))
+
+    r = start_loop_runner(loop, handle)
+    wait_until_idle(loop, r)
+    return r
+
+
+def put_and_count(r: LoopRunner, handled: list, item) -> int:
+    """Put ``item``; how many items were handled by the time put returned."""
+    r.put(item)
+    return len(handled)
+
+
+def test_loop_runner_call_put_while_idle_is_handled_within_put_in_the_runners_task_and_context(
     loop,
 ):
     handled: list[tuple] = []
 
     async def handle(item):
-        handled.append((item, asyncio.current_task().get_name(), seen_var.get()))
-        seen_var.set(f"set by {item}")
+        handled.append((item.name, asyncio.current_task().get_name(), seen_var.get()))
+        seen_var.set(f"set by {item.name}")
 
     r = start_loop_runner(loop, handle)
     wait_until_idle(loop, r)
@@ -449,77 +476,68 @@ def test_loop_runner_item_put_while_idle_is_handled_within_put_in_the_runners_ta
         return len(handled) - before, seen_var.get(), asyncio.current_task(loop)
 
     # handled before put returned, with the runner's task current, in the runner's context
-    # (what item 0 set is what item 1 sees); the caller's context and task are its own again
-    assert in_callback(loop, put_and_look, 0) == (1, "unset", None)
-    assert in_callback(loop, put_and_look, 1) == (1, "unset", None)
+    # (what call 0 set is what call 1 sees); the caller's context and task are its own again
+    assert in_callback(loop, put_and_look, call(0)) == (1, "unset", None)
+    assert in_callback(loop, put_and_look, call(1)) == (1, "unset", None)
     assert handled == [(0, TASK, "unset"), (1, TASK, "set by 0")]
     finish(loop, r)
 
 
-def test_loop_runner_not_eager_queues_an_item_put_while_idle_for_its_task(loop, monkeypatch):
+def test_loop_runner_send_put_while_idle_is_queued_for_the_runners_task(loop):
+    """A message without a reply (a send: they come in floods) waits for the runner's
+    task, which takes what is queued one after another."""
+    handled: list[tuple] = []
+    r = recording_runner(loop, handled)
+    assert in_callback(loop, put_and_count, r, handled, "a send") == 0
+    finish(loop, r)
+    assert handled == [("a send", TASK)]
+
+
+def test_loop_runner_not_eager_queues_a_call_put_while_idle_for_its_task(loop, monkeypatch):
     """``MONARCH_EAGER_START=0``: every item waits for the runner's task (the switch is
     read when the runner is made)."""
-    handled: list[object] = []
-
-    async def handle(item):
-        handled.append((item, asyncio.current_task().get_name()))
-
+    handled: list[tuple] = []
     monkeypatch.setenv("MONARCH_EAGER_START", "0")
     settings.cache_clear()
     try:
-        r = start_loop_runner(loop, handle)
+        r = recording_runner(loop, handled)
     finally:
         monkeypatch.delenv("MONARCH_EAGER_START")
         settings.cache_clear()
-    wait_until_idle(loop, r)
-
-    def put_and_count(item):
-        r.put(item)
-        return len(handled)
-
-    assert in_callback(loop, put_and_count, "queued") == 0
+    assert in_callback(loop, put_and_count, r, handled, call("queued")) == 0
     finish(loop, r)
     assert handled == [("queued", TASK)]
 
 
-def test_loop_runner_item_put_from_a_task_is_queued_for_the_runners_task(loop):
-    """An actor sending to another actor of its process puts from its own task: the
-    item waits for the runner's task, so one start never runs inside another."""
-    handled: list[object] = []
-
-    async def handle(item):
-        handled.append((item, asyncio.current_task().get_name()))
-
-    r = start_loop_runner(loop, handle)
-    wait_until_idle(loop, r)
-
-    def put_and_count(item):
-        r.put(item)
-        return len(handled)
-
-    assert on_loop(loop, put_and_count, "from a task") == 0  # on_loop runs it in a task
+def test_loop_runner_call_put_from_a_task_is_queued_for_the_runners_task(loop):
+    """An actor calling another actor of its process puts from its own task: the call
+    waits for the runner's task, so one start never runs inside another."""
+    handled: list[tuple] = []
+    r = recording_runner(loop, handled)
+    assert on_loop(loop, put_and_count, r, handled, call("from a task")) == 0  # in a task
     finish(loop, r)
     assert handled == [("from a task", TASK)]
 
 
-def test_loop_runner_item_that_suspends_at_its_start_ends_before_anything_put_meanwhile(loop):
+def test_loop_runner_call_that_suspends_at_its_start_ends_before_anything_put_meanwhile(loop):
     events: list[str] = []
     r: LoopRunner
 
     async def handle(item):
-        events.append(f"start {item} in {asyncio.current_task().get_name()}")
-        if item == 0:
-            r.put("put by 0")  # to itself, while its start runs
+        name = name_of(item)
+        events.append(f"start {name} in {asyncio.current_task().get_name()}")
+        if name == 0:
+            r.put(call("put by 0"))  # to itself, while its start runs
             await asyncio.sleep(0)
             await asyncio.sleep(0.01)
-        events.append(f"end {item} in {asyncio.current_task().get_name()}")
+        events.append(f"end {name} in {asyncio.current_task().get_name()}")
 
     r = start_loop_runner(loop, handle)
     wait_until_idle(loop, r)
 
     def put_three():
-        for item in (0, 1, 2):
-            r.put(item)
+        for name in (0, 1, 2):
+            r.put(call(name))
 
     in_callback(loop, put_three)
     finish(loop, r)
@@ -531,7 +549,7 @@ def test_loop_runner_item_that_suspends_at_its_start_ends_before_anything_put_me
     ]  # fmt: skip
 
 
-def test_loop_runner_cancelled_before_going_on_with_a_started_item_cancels_that_item(loop):
+def test_loop_runner_cancelled_before_going_on_with_a_started_call_cancels_that_call(loop):
     cancelled: list[object] = []
     waited_on: list[asyncio.Future] = []
 
@@ -541,14 +559,14 @@ def test_loop_runner_cancelled_before_going_on_with_a_started_item_cancels_that_
         try:
             await fut
         except asyncio.CancelledError:
-            cancelled.append(item)
+            cancelled.append(name_of(item))
             raise
 
     r = start_loop_runner(loop, handle)
     wait_until_idle(loop, r)
 
-    def put_then_cancel():  # one loop turn: the runner's task never took the started item
-        r.put("started")
+    def put_then_cancel():  # one loop turn: the runner's task never took the started call
+        r.put(call("started"))
         r.put("queued")
         r.cancel()
 
@@ -559,26 +577,26 @@ def test_loop_runner_cancelled_before_going_on_with_a_started_item_cancels_that_
     assert on_loop(loop, r.take_pending) == ["queued"]
 
 
-def test_loop_runner_error_escaping_a_started_item_is_logged_and_the_runner_goes_on(loop, caplog):
+def test_loop_runner_error_escaping_a_started_call_is_logged_and_the_runner_goes_on(loop, caplog):
     handled: list[object] = []
 
     async def handle(item):
-        if item == "bad":
+        if name_of(item) == "bad":
             raise RuntimeError("escaped the handler")
-        handled.append(item)
+        handled.append(name_of(item))
 
     r = start_loop_runner(loop, handle)
     wait_until_idle(loop, r)
     with caplog.at_level(logging.ERROR, logger="monarch.actors.hosting.mailbox"):
-        in_callback(loop, r.put, "bad")
-        in_callback(loop, r.put, "good")
+        in_callback(loop, r.put, call("bad"))
+        in_callback(loop, r.put, call("good"))
     finish(loop, r)
     assert handled == ["good"]
     assert "escaped the handler" in caplog.text
 
 
 def wait_until_idle(loop, r: LoopRunner) -> None:
-    """Until the runner's task waits for work (an item put now starts at once)."""
+    """Until the runner's task waits for work (a call put now starts at once)."""
 
     async def idle():
         while r._waiter is None:  # noqa: SLF001  (the state put() reads)

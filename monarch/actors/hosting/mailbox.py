@@ -119,15 +119,18 @@ class ThreadRunner:
 class LoopRunner:
     """Items are handled by a task on the loop (actors whose endpoints are all async).
 
-    A message delivered by a callback of the loop (the broker's intake, not a task)
-    that finds the runner idle (nothing queued, nothing running) is started at once,
-    as Python 3.12's eager tasks start: in the runner's context, with the runner's
-    task as the current task, up to its first suspension. Most endpoints never
-    suspend (``return x``): such a message is over before ``put`` returns and the
-    runner's task never wakes (~10% of a broadcast to 8,192 actors, benchmarks/NOTES.md
-    63). One that suspends is finished by the runner's task, before anything queued
-    meanwhile. A message put from a task (an actor sending to an actor of its own
-    process) is queued as before, so one start never runs inside another.
+    A call (a message with a reply subject) delivered by a callback of the loop (the
+    broker's intake, not a task) that finds the runner idle (nothing queued, nothing
+    running) is started at once, as Python 3.12's eager tasks start: in the runner's
+    context, with the runner's task as the current task, up to its first suspension.
+    Most endpoints never suspend (``return x``): such a call is over before ``put``
+    returns and the runner's task never wakes (a call to 8,192 actors -20-30%,
+    benchmarks/NOTES.md 63). One that suspends is finished by the runner's task, before
+    anything queued meanwhile. Everything else is queued as before: a message without
+    a reply (sends come in floods, and a runner that takes its queued messages one
+    after another handles a flood to a proc's 512 actors 3x faster than starting each
+    as it comes, actor after actor: NOTES 63), and a message put from a task (an actor
+    calling an actor of its own process), so one start never runs inside another.
     ``MONARCH_EAGER_START=0`` (``eager=False``) queues every message.
     """
 
@@ -156,9 +159,8 @@ class LoopRunner:
             self._eager
             and waiter is not None  # the runner waits for work: nothing queued, nothing running
             and not waiter.done()  # (done: its task was cancelled, or woken already)
+            and getattr(item, "reply", None)  # a call (a Job or STOP has no reply subject)
             and _current_tasks.get(self.loop) is None  # from a callback, not from a task
-            and type(item) is not Job
-            and item is not STOP
         ):
             self._start(item)
             return
