@@ -66,9 +66,9 @@ class Settings(BrokerSettings):
     )
     eager_start: bool = Field(
         True,
-        description="Start a message the broker delivers to an idle actor whose endpoints are "
-        "all async inside its delivery, as Python 3.12's eager tasks (0: always on the next "
-        "turn of the actor's task; monarch.actors.hosting.mailbox; benchmarks/NOTES.md 63).",
+        description="Start a call the broker delivers to an idle actor whose endpoints are "
+        "all async inside its delivery, as Python 3.12's eager tasks (0: every message on the "
+        "next turn of the actor's task; monarch.actors.hosting.mailbox; benchmarks/NOTES.md 63).",
     )
     flow_batch: int = Field(1000, ge=1, description="Messages between two flow markers.")
     flow_window: int = Field(16, ge=1, description="Unanswered flow markers before a sender waits.")

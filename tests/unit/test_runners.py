@@ -577,6 +577,33 @@ def test_loop_runner_cancelled_before_going_on_with_a_started_call_cancels_that_
     assert on_loop(loop, r.take_pending) == ["queued"]
 
 
+def test_loop_runner_cancelled_before_going_on_closes_a_started_call_that_swallows_it(loop):
+    """A handling that catches the cancellation and waits again is closed (its finally
+    runs), as a task destroyed with its loop would be: nothing is left waiting."""
+    events: list[str] = []
+
+    async def handle(item):
+        try:
+            await asyncio.get_running_loop().create_future()
+        except asyncio.CancelledError:
+            events.append("swallowed the cancel")
+            try:
+                await asyncio.get_running_loop().create_future()
+            finally:
+                events.append("closed")
+
+    r = start_loop_runner(loop, handle)
+    wait_until_idle(loop, r)
+
+    def put_then_cancel():
+        r.put(call("stubborn"))
+        r.cancel()
+
+    in_callback(loop, put_then_cancel)
+    wait_task_end(loop)
+    assert events == ["swallowed the cancel", "closed"]
+
+
 def test_loop_runner_error_escaping_a_started_call_is_logged_and_the_runner_goes_on(loop, caplog):
     handled: list[object] = []
 

@@ -124,7 +124,7 @@ class LoopRunner:
     running) is started at once, as Python 3.12's eager tasks start: in the runner's
     context, with the runner's task as the current task, up to its first suspension.
     Most endpoints never suspend (``return x``): such a call is over before ``put``
-    returns and the runner's task never wakes (a call to 8,192 actors -20-30%,
+    returns and the runner's task never wakes (a call to 8,192 actors -16-30%,
     benchmarks/NOTES.md 63). One that suspends is finished by the runner's task, before
     anything queued meanwhile. Everything else is queued as before: a message without
     a reply (sends come in floods, and a runner that takes its queued messages one
@@ -253,8 +253,11 @@ class _Resume:
         try:
             self.coro.throw(asyncio.CancelledError())
         except BaseException:  # CancelledError, or what the handling raised instead
-            pass
-        self.coro.close()
+            return
+        try:  # it swallowed the cancel and waits again: closed (as a destroyed task's)
+            self.coro.close()
+        except BaseException:
+            log.exception("a handling its runner left behind would not close")
 
     def __await__(self) -> Any:
         coro, yielded = self.coro, self.yielded

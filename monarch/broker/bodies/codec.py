@@ -259,7 +259,7 @@ def dumps(
     enc = _encoders.by_allow[allow]
     if type(obj) in _SCALARS and not enc.busy:
         # Nothing to look through, nothing out of band: msgpack's own bytes, which are
-        # the full path's (a reply is mostly such a value: 0.5 -> 0.1 us a body).
+        # the full path's (a reply is mostly such a value: 0.5 -> 0.3 us a body).
         try:
             return enc.packer.pack(obj)
         except Exception:  # a big int (the codec's ext), a str msgpack refuses: as below
