@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import atexit
+import gc
 import importlib.util
 import logging
 import os
@@ -118,6 +119,11 @@ def main(argv: list[str] | None = None, *, preimport: bool = True) -> None:
     # brings classes by value, so nothing else is needed here.
     if preimport:
         preimport_torch_in_background()
+    # What the proc has before its first actor (modules, classes, functions, the ones a
+    # zygote fork inherited too) is never garbage: out of the collector's sight, its full
+    # collections scan only what actors add. Unfrozen, the first one after spawning 2,048
+    # actors over 16 procs took ~200 ms in each at once (benchmarks/NOTES.md 63).
+    gc.freeze()
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     try:

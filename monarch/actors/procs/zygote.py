@@ -86,10 +86,6 @@ def main() -> None:
     zygote = _Zygote(sys.stdin.buffer.fileno(), replies, proc, with_torch_child=torch_to_import)
     if zygote.torch is not None and sys.argv[2:] == ["torch"]:  # the client has torch already
         zygote.torch.wanted = True
-    # What every proc inherits (modules, classes, functions) is never garbage: out of the
-    # collector's sight, a proc's full collections scan only its own objects (and do not
-    # copy the inherited pages by scanning them), as the torch zygote's forks already do.
-    gc.freeze()
     zygote.serve()
 
 
