@@ -630,3 +630,41 @@ def wait_until_idle(loop, r: LoopRunner) -> None:
             await asyncio.sleep(0.001)
 
     asyncio.run_coroutine_threadsafe(asyncio.wait_for(idle(), WAIT), loop).result(WAIT + 1)
+
+
+def test_loop_runner_ready_to_start_only_when_idle_eager_and_called_from_a_callback(loop):
+    """What a group call (monarch.actors.hosting.group_call) asks of each actor's runner
+    before starting the call itself with ``step``, handing the rest to ``go_on``."""
+    handled: list[tuple] = []
+    r = recording_runner(loop, handled)
+    assert in_callback(loop, r.ready_to_start) is True
+    assert on_loop(loop, r.ready_to_start) is False  # inside a task
+
+    def put_and_ask() -> bool:
+        r.put("a send")  # queued: the runner's task has work
+        return r.ready_to_start()
+
+    assert in_callback(loop, put_and_ask) is False
+    wait_until_idle(loop, r)
+    assert in_callback(loop, r.ready_to_start) is True
+    events: list[str] = []
+
+    async def handling(name: str) -> None:
+        events.append(f"{name} begins in {asyncio.current_task().get_name()}, {seen_var.get()}")
+        await asyncio.sleep(0.01)
+        events.append(f"{name} ends in {asyncio.current_task().get_name()}")
+
+    def begin_outside() -> None:
+        coro = handling("started")
+        seen_var_token = r.step(seen_var.set, "the runner's")  # in the runner's context
+        assert seen_var_token is not None and seen_var.get() == "unset"  # ours untouched
+        r.go_on(coro, r.step(coro.send, None))  # suspended: its task does the rest
+        r.put("queued meanwhile")
+
+    in_callback(loop, begin_outside)
+    finish(loop, r)
+    assert events == [
+        f"started begins in {TASK}, the runner's",
+        f"started ends in {TASK}",
+    ]
+    assert handled == [("a send", TASK), ("queued meanwhile", TASK)]

@@ -17,11 +17,12 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+from collections.abc import Awaitable
 from typing import Any
 
 from nats.aio.msg import Msg
 
-from monarch.actors.calls.activity import call_listeners, tell_later
+from monarch.actors.calls.activity import Call, call_listeners, tell_later
 from monarch.actors.calls.context import Context, set_context, use_context
 from monarch.actors.calls.endpoint import EndpointProperty
 from monarch.actors.calls.ports import Port
@@ -126,6 +127,28 @@ class Dispatch:
                 self._respond(item, ok, body, prop, at)
             else:
                 await self._run_one(prop, item)
+        if self._stop_requested:
+            self._stop_requested = False
+            self._stop_soon()
+
+    async def _go_on_async(
+        self, prop: EndpointProperty, msg: Msg, call: Call, rest: Awaitable[Any]
+    ) -> None:
+        """The rest of a call that :mod:`monarch.actors.hosting.group_call` began and whose
+        endpoint suspended (``rest`` drives it on): what :meth:`_on_loop` does after the
+        endpoint returns, in the runner's task."""
+        try:
+            result = await rest
+            body = self._encode_result(prop, msg, result)
+        except asyncio.CancelledError:
+            self.activity.end(call, False)
+            raise  # the actor is being stopped: its runner's task was cancelled
+        except BaseException as e:  # SystemExit too: it must not escape onto the proc's loop
+            self.activity.end(call, False)
+            self._respond(msg, *self._failure(prop, e), prop, self.rank)
+        else:
+            self.activity.end(call, True)
+            self._respond(msg, True, body, prop, self.rank)
         if self._stop_requested:
             self._stop_requested = False
             self._stop_soon()

@@ -36,10 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 from nats.aio.msg import Msg
 
+from monarch.actors.hosting.group_call import handle_group_call
 from monarch.actors.hosting.reduce import IMMUTABLE
 from monarch.actors.messaging import messages as m
 from monarch.actors.process_state import actor_process
 from monarch.core.runtime import Runtime
+from monarch.rdma.bulk import decode_body, is_reference
 
 if TYPE_CHECKING:  # annotations only
     from monarch.actors.hosting.instance import ActorInstance
@@ -80,6 +82,24 @@ class SharedReading:
         # A reducing call (monarch.actors.hosting.reduce); the subject is the whole group's.
         self.merged = bool(msg.reply and headers and m.REDUCE in headers)
 
+    def whole_mesh_arguments(self, msg: Msg) -> tuple[tuple | list, dict] | None:
+        """``(args, kwargs)`` of a call to the whole mesh whose arguments every actor
+        may share (decoded now if no actor has yet); None otherwise (sent to a slice,
+        changeable arguments, bytes fetched out of band, or unreadable: each actor
+        then reads its own, as :meth:`Dispatch._prepare` does)."""
+        if self.args is None and not is_reference(msg.data):
+            try:
+                args, kwargs, view_spec = decode_body(msg.data)
+            except Exception:  # each actor's own reading reports it
+                return None
+            if not isinstance(args, (tuple, list)) or not isinstance(kwargs, dict):
+                return None
+            self.args = (args, kwargs, view_spec) if unchangeable(args, kwargs) else False
+        shared = self.args
+        if not shared or shared[2] is not None:
+            return None
+        return shared[0], shared[1]
+
 
 class _Shared:
     """One subject's subscription and the actors it delivers to, in rank order."""
@@ -104,6 +124,8 @@ class _Shared:
             ledger = actor_process(self.rt).replies
             if ledger is not None:
                 ledger.received(msg.reply, self.ranks)
+            if handle_group_call(self.rt, self.members, msg, reading):
+                return
         for inst in self.members:  # a tuple: a member leaving meanwhile changes nothing here
             try:
                 inst.deliver(msg)

@@ -22,7 +22,7 @@ import contextvars
 import logging
 import queue
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from monarch.settings import settings
@@ -170,22 +170,44 @@ class LoopRunner:
             if not waiter.done():
                 waiter.set_result(None)
 
-    def _start(self, item: Any) -> None:
-        """Run ``item``'s handling up to its first suspension, as the runner's task would."""
-        coro = self._handle(item)
+    def ready_to_start(self) -> bool:
+        """Whether a call put now would be started at once: eager, idle (nothing queued,
+        nothing running), and the loop is running a callback, not a task."""
+        waiter = self._waiter
+        return (
+            self._eager
+            and waiter is not None
+            and not waiter.done()
+            and _current_tasks.get(self.loop) is None
+        )
+
+    def step(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` in the runner's context with its task current: the first step of
+        a handling begun outside the runner's task (:meth:`_start`,
+        :mod:`monarch.actors.hosting.group_call`). Only while :meth:`ready_to_start`."""
         loop, task = self.loop, self._task
         _enter_task(loop, task)
         try:
-            yielded = self._context.run(coro.send, None)
+            return self._context.run(fn, *args)
+        finally:
+            _leave_task(loop, task)
+
+    def _start(self, item: Any) -> None:
+        """Run ``item``'s handling up to its first suspension, as the runner's task would."""
+        coro = self._handle(item)
+        try:
+            yielded = self.step(coro.send, None)
         except StopIteration:
             return  # over already: the common case
         except BaseException:  # the handler catches an endpoint's errors: this is ours
-            log.exception("%s: handling a message failed", task.get_name())
+            log.exception("%s: handling a message failed", self._task.get_name())
             return
-        finally:
-            _leave_task(loop, task)
-        # Suspended: the runner's task finishes it before what came meanwhile.
-        self._q.appendleft(_Resume(coro, yielded))
+        self.go_on(coro, yielded)
+
+    def go_on(self, coro: Coroutine, yielded: Any) -> None:
+        """A handling begun with :meth:`step` that suspended on ``yielded``: the runner's
+        task finishes it, before anything queued meanwhile."""
+        self._q.appendleft(Resume(coro, yielded))
         waiter = self._waiter
         if waiter is not None:
             self._waiter = None
@@ -203,7 +225,7 @@ class LoopRunner:
                 item = q.popleft()
                 if item is STOP:
                     return
-                if type(item) is _Resume:
+                if type(item) is Resume:
                     await item
                     continue
                 if isinstance(item, Job):
@@ -211,7 +233,7 @@ class LoopRunner:
                     continue
                 await self._handle(item)
         finally:
-            if q and type(q[0]) is _Resume:  # cancelled before it went on with a begun handling
+            if q and type(q[0]) is Resume:  # cancelled before it went on with a begun handling
                 q.popleft().cancel()
 
     async def _run_job(self, job: Job) -> None:
@@ -236,7 +258,7 @@ class LoopRunner:
         self._task.cancel()
 
 
-class _Resume:
+class Resume:
     """The rest of a handling that :meth:`LoopRunner._start` began and that suspended:
     awaited by the runner's task, it drives the coroutine on as the task would have."""
 

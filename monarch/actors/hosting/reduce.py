@@ -128,13 +128,20 @@ class GroupReducer:
     def gather(self, inst: ActorInstance, msg: Msg, body: bytes) -> None:
         """``inst``'s successful reply ``body`` (plain msgpack) to ``msg``, a call to its
         whole group without a reducer: it leaves with its siblings' as one list."""
+        self.gather_all(msg, [inst], [body])
+
+    def gather_all(self, msg: Msg, insts: list[ActorInstance], bodies: list[bytes]) -> None:
+        """:meth:`gather` for several actors of the group at once (``bodies[i]`` is
+        ``insts[i]``'s reply; :mod:`monarch.actors.hosting.group_call`)."""
+        if not insts:
+            return
         subject = msg.reply
         merge = self._merges.get(subject)
         if merge is None:
-            merge = self._merges[subject] = _Merge(None, group_size(inst))
+            merge = self._merges[subject] = _Merge(None, group_size(insts[0]))
             self.rt.loop.call_soon(self._end_of_turn, subject)
-        merge.bodies.append((inst.rank, body))
-        merge.actors.append(inst)
+        merge.bodies.extend(zip([inst.rank for inst in insts], bodies))
+        merge.actors.extend(insts)
         merge.fresh = True
         if len(merge.actors) >= merge.expected:
             self._send(subject)

@@ -1,0 +1,181 @@
+"""A call to a proc's whole ``per_proc`` group, begun for its idle actors in one pass
+(:mod:`monarch.actors.hosting.group_call`).
+
+Real procs and a real nats-server (and the client's own proc for what only its
+process can see): the pass is taken for a plain call to the whole mesh and not
+for a slice or while calls are recorded; what each actor sees is its own (its
+rank, its context variables, its task across awaits); a busy actor gets the call
+after what it is doing; a reply that cannot be encoded, an endpoint that raises
+SystemExit and one that suspends inside a reducing call each answer as on the
+general path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import operator
+import threading
+
+import pytest
+
+from monarch.actor import (
+    Accumulator,
+    Actor,
+    ActorError,
+    SupervisionError,
+    context,
+    current_rank,
+    endpoint,
+    this_proc,
+)
+from monarch.actors.calls.activity import call_listeners
+from monarch.actors.hosting.server import local_server
+from monarch.core.process_runtime import runtime
+from tests.helpers import proc_mesh_fixture
+
+procs = proc_mesh_fixture({"gpus": 2}, name="gc_procs")
+
+seen_by: contextvars.ContextVar[int | None] = contextvars.ContextVar("seen_by", default=None)
+
+
+class Member(Actor):
+    def __init__(self) -> None:
+        self.log: list[str] = []
+
+    @endpoint
+    async def ping(self, x: int) -> int:
+        return x
+
+    @endpoint
+    async def whoami(self) -> tuple[int, dict, int | None]:
+        """This actor's rank, where the message went, and what its previous call set."""
+        before = seen_by.get()
+        seen_by.set(current_rank().rank)
+        return current_rank().rank, dict(context().message_rank), before
+
+    @endpoint
+    async def slow(self, seconds: float) -> str:
+        self.log.append("slow begins")
+        await asyncio.sleep(seconds)
+        self.log.append("slow ends")
+        return "slow"
+
+    @endpoint
+    async def note(self, what: str) -> list[str]:
+        self.log.append(what)
+        return list(self.log)
+
+    @endpoint
+    async def lock_on(self, rank: int) -> object:
+        """A reply no codec can encode, from ``rank`` only."""
+        return threading.Lock() if current_rank().rank == rank else current_rank().rank
+
+    @endpoint
+    async def exit_on(self, rank: int) -> int:
+        if current_rank().rank == rank:
+            raise SystemExit(3)
+        return current_rank().rank
+
+    @endpoint
+    async def times(self, x: int) -> int:
+        """Odd ranks await before answering, even ones answer at once."""
+        task = asyncio.current_task()
+        if current_rank().rank % 2:
+            await asyncio.sleep(0.01)
+        assert asyncio.current_task() is task
+        return current_rank().rank * x
+
+
+def _count_dispatches(mesh_name: str) -> dict[int, int]:
+    """Hang a counter on the general path (``_on_loop``) of each local actor of a mesh:
+    rank -> how many messages it dispatched (the dict fills as they do)."""
+    counts: dict[int, int] = {}
+    for inst in local_server(runtime()).actors.values():
+        if inst.name != mesh_name:
+            continue
+        counts[inst.rank] = 0
+        runner = inst._runner
+        general = runner._handle
+
+        def counting(item, general=general, rank=inst.rank):
+            counts[rank] += 1
+            return general(item)
+
+        runner._handle = counting
+    return counts
+
+
+def test_a_call_to_the_whole_group_skips_each_actors_dispatch_and_a_slice_does_not(nats_url):
+    mesh = this_proc().per_proc(workers=4).spawn("gc_local", Member)
+    assert list(mesh.ping.call(4).get(timeout=60).values()) == [4] * 4  # spawned
+    counts = _count_dispatches("gc_local")
+    assert sorted(counts) == [0, 1, 2, 3]
+    assert list(mesh.ping.call(5).get(timeout=60).values()) == [5] * 4
+    assert counts == {0: 0, 1: 0, 2: 0, 3: 0}  # one pass for the group
+    assert list(mesh.slice(workers=slice(1, 3)).ping.call(6).get(timeout=60).values()) == [6, 6]
+    assert counts == {0: 0, 1: 1, 2: 1, 3: 0}  # a slice: each actor's own subscription
+    call_listeners.append(lambda record: None)  # someone records calls: the general path
+    try:
+        assert list(mesh.ping.call(7).get(timeout=60).values()) == [7] * 4
+    finally:
+        call_listeners.pop()
+    assert counts == {0: 1, 1: 2, 2: 2, 3: 1}
+    mesh.stop().get(timeout=60)
+
+
+def test_each_actor_sees_its_own_rank_place_and_context_variables(procs):
+    mesh = procs.per_proc(workers=3).spawn("gc_who", Member)
+    places = [{"gpus": g, "workers": w} for g in range(2) for w in range(3)]
+    first = list(mesh.whoami.call().get(timeout=60).values())
+    assert first == [(r, places[r], None) for r in range(6)]
+    # what an actor's endpoint set is its own next time, never a sibling's
+    second = list(mesh.whoami.call().get(timeout=60).values())
+    assert second == [(r, places[r], r) for r in range(6)]
+    mesh.stop().get(timeout=60)
+
+
+def test_a_busy_actor_gets_the_group_call_after_what_it_is_doing(procs):
+    mesh = procs.per_proc(workers=3).spawn("gc_busy", Member)
+    slow = mesh.slice(gpus=0, workers=1).slow.call_one(0.5)
+    logs = mesh.note.call("group").get(timeout=60)
+    assert slow.get(timeout=60) == "slow"
+    got = list(logs.values())
+    assert got[1] == ["slow begins", "slow ends", "group"]
+    assert got[:1] + got[2:] == [["group"]] * 5
+    mesh.stop().get(timeout=60)
+
+
+def test_a_reply_that_cannot_be_encoded_fails_its_rank_only(procs):
+    mesh = procs.per_proc(workers=3).spawn("gc_lock", Member)
+    outcomes = {}
+    for fut in mesh.lock_on.stream(4):
+        try:
+            outcomes[fut.get(timeout=60)] = "ok"
+        except ActorError as e:
+            outcomes[e.rank] = "lock" if "lock" in str(e) else str(e)
+    assert outcomes == {0: "ok", 1: "ok", 2: "ok", 3: "ok", 4: "lock", 5: "ok"}
+    assert list(mesh.ping.call(1).get(timeout=60).values()) == [1] * 6  # all still serving
+    mesh.stop().get(timeout=60)
+
+
+def test_system_exit_in_one_endpoint_fails_that_actor_and_its_siblings_answer(procs, root_faults):
+    mesh = procs.per_proc(workers=3).spawn("gc_exit", Member)
+    with pytest.raises(SupervisionError) as caught:
+        mesh.exit_on.call(2).get(timeout=60)
+    assert caught.value.rank == 2
+    [failure] = root_faults.wait()  # the owner hears of it (here: the root's hook)
+    assert failure.ranks == [2]
+    others = mesh.slice(gpus=1)
+    assert list(others.ping.call(9).get(timeout=60).values()) == [9] * 3
+    with pytest.raises(SupervisionError):  # the failed actor refuses what comes next
+        mesh.slice(gpus=0, workers=2).ping.call_one(1).get(timeout=60)
+
+
+def test_endpoints_that_suspend_inside_a_reducing_call_are_merged_with_those_that_do_not(procs):
+    mesh = procs.per_proc(workers=4).spawn("gc_merge", Member)
+    merged = Accumulator(mesh.times, 0, operator.add, reducer=operator.add)
+    for x in (1, 3):
+        assert merged.accumulate(x).get(timeout=60) == sum(range(8)) * x
+    assert list(mesh.times.call(2).get(timeout=60).values()) == [2 * r for r in range(8)]
+    mesh.stop().get(timeout=60)
