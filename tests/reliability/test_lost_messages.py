@@ -261,10 +261,11 @@ def test_many_small_replies_are_bounded_by_the_ledgers_byte_cap(monkeypatch):
     assert ledger.status(newest, 0) == "replied" and rt.published == [newest]
 
 
-def test_a_reply_merged_on_its_proc_is_kept_under_each_rank_it_answers():
+def test_a_reply_merged_on_its_proc_is_kept_under_each_rank_it_answers(monkeypatch):
     """A merged reply (monarch.actors.hosting.reduce) answers for several ranks: a probe
     about any of them finds it and sends it again; ranks it does not cover stay
-    pending; evicting its entries one by one brings the byte count back to zero."""
+    pending; its one body and entry are counted once over its ranks, each rank's key
+    on top, and evicting its entries one by one brings the byte count back to zero."""
 
     class Runtime:
         proc_uid = "proc"
@@ -282,11 +283,13 @@ def test_a_reply_merged_on_its_proc_is_kept_under_each_rank_it_answers():
         "replied", "replied", "replied", "pending", "unknown"
     ]  # fmt: skip
     assert rt.published == [(subject, "0-2")] * 3
-    assert ledger._bytes == 3 * (1 + lost_replies.ENTRY_OVERHEAD)
-    while ledger._sent:
-        _, (_, old, _) = ledger._sent.popitem(last=False)
-        ledger._bytes -= len(old) + lost_replies.ENTRY_OVERHEAD
-    assert ledger._bytes == 0
+    share = (1 + lost_replies.ENTRY_OVERHEAD) // 3 + lost_replies.RANK_ENTRY_OVERHEAD
+    assert ledger._bytes == 3 * share
+    assert 3 * share < 3 * (1 + lost_replies.ENTRY_OVERHEAD)  # not the whole reply thrice
+    monkeypatch.setattr(lost_replies, "REPLY_CACHE_BYTES", 0)  # the next reply evicts all
+    ledger.received("mon.default.port.client.8", 0)
+    ledger.sent("mon.default.port.client.8", 0, b"", {m.KIND: "reply"})
+    assert not ledger._sent and ledger._bytes == 0
 
 
 def test_a_big_reply_being_fetched_is_neither_probed_nor_fetched_twice(counters, monkeypatch):

@@ -64,6 +64,10 @@ REPLY_CACHE_BYTES = 64 * 1024 * 1024  # bodies and each entry's own overhead, be
 # bytes measured with tracemalloc). Counted, so that many small replies (17,000 a
 # second at S2's rate) are bounded by the cap too, not only by REPLY_TTL (~600 MB).
 ENTRY_OVERHEAD = 512
+# What each rank adds to a reply kept for several ranks at once (gathered or merged on
+# a per_proc proc): its key and the table's slot (~80 bytes measured with tracemalloc);
+# the body, headers and tuple are one for all of them (benchmarks/NOTES.md 64).
+RANK_ENTRY_OVERHEAD = 96
 MAX_PENDING = 100_000  # received calls not answered yet that are remembered
 RESEND_WINDOW = 1.0  # seconds before a connection drop whose replies are sent again
 PROBE_AFTER = 1.0  # a call unanswered this long is asked about (then at 2x, 4x...)
@@ -84,7 +88,8 @@ class ReplyLedger:
         self.rt = rt
         self._lock = threading.Lock()
         self._pending: dict[tuple[str, int], float] = {}
-        self._sent: collections.OrderedDict[tuple[str, int], tuple[float, bytes, dict]] = (
+        # (subject, rank) -> (when sent, body, headers, the bytes it is counted for)
+        self._sent: collections.OrderedDict[tuple[str, int], tuple[float, bytes, dict, int]] = (
             collections.OrderedDict()
         )
         self._bytes = 0
@@ -104,32 +109,36 @@ class ReplyLedger:
     def sent(self, subject: str, rank: int | list[int], body: bytes, headers: dict) -> None:
         """A reply left; remembered only when it answers a call received here.
 
-        ``rank`` a list: one reply that answers for all of them (merged on this proc,
-        :mod:`monarch.actors.hosting.reduce`), kept under each (one lock, one clock
-        read: ~4.6 us a rank when called rank by rank, NOTES 61). The body is counted
-        under each, as eviction takes the entries one by one."""
+        ``rank`` a list: one reply that answers for all of them (gathered or merged on
+        this proc, :mod:`monarch.actors.hosting.reduce`), kept under each (one lock, one
+        clock read: ~4.6 us a rank when called rank by rank, NOTES 61). Each of its
+        entries is counted for its share of the one body and entry, and its own key
+        (:data:`RANK_ENTRY_OVERHEAD`): counted whole under each rank, the cap filled
+        ~k times too fast and every call of a sustained broadcast evicted ~k entries
+        (~10% of a group's handling at 1,024 actors a proc, NOTES 64)."""
         now = time.monotonic()
         with self._lock:
             if type(rank) is list:
-                kept, pop, keep, n = (now, body, headers), self._pending.pop, self._sent, 0
+                share = (len(body) + ENTRY_OVERHEAD) // max(len(rank), 1) + RANK_ENTRY_OVERHEAD
+                kept, pop, keep, n = (now, body, headers, share), self._pending.pop, self._sent, 0
                 for r in rank:
                     key = (subject, r)
                     if pop(key, None) is not None:
                         keep[key] = kept
                         n += 1
-                self._bytes += n * (len(body) + ENTRY_OVERHEAD)
+                self._bytes += n * share
             else:
                 key = (subject, rank)
                 if self._pending.pop(key, None) is None:
                     return  # a stream port's later values, a control reply: nothing to recover
-                self._sent[key] = (now, body, headers)
-                self._bytes += len(body) + ENTRY_OVERHEAD
+                weight = len(body) + ENTRY_OVERHEAD
+                self._sent[key] = (now, body, headers, weight)
+                self._bytes += weight
             while self._sent:
                 first = next(iter(self._sent.values()))
                 if now - first[0] <= REPLY_TTL and self._bytes <= REPLY_CACHE_BYTES:
                     break
-                _, (_, old, _) = self._sent.popitem(last=False)
-                self._bytes -= len(old) + ENTRY_OVERHEAD
+                self._bytes -= self._sent.popitem(last=False)[1][3]
 
     def status(self, subject: str, rank: int) -> str:
         """``replied`` (and sent again), ``pending`` or ``unknown``."""
@@ -172,7 +181,7 @@ class ReplyLedger:
                 "%s: sent %d recent replies again after a reconnect", self.rt.proc_uid, len(again)
             )
 
-    def _resend(self, subject: str, kept: tuple[float, bytes, dict]) -> None:
+    def _resend(self, subject: str, kept: tuple[float, bytes, dict, int]) -> None:
         self.resent += 1
         self.rt.publish(subject, kept[1], kept[2])
 
