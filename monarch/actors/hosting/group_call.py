@@ -42,6 +42,7 @@ from monarch.actors.calls.context import use_context
 from monarch.actors.hosting.mailbox import Resume
 from monarch.actors.hosting.reduce import IMMUTABLE, Unencoded, group_reducer
 from monarch.actors.messaging import messages as m
+from monarch.actors.messaging.lost_sends import numbering
 from monarch.broker.bodies.codec import dumps, plain_msgpack
 from monarch.core.runtime import Runtime
 from monarch.rdma.bulk import stays_inline
@@ -64,6 +65,8 @@ def handle_group_call(
     if headers.get(m.KIND) != "call" or m.WAIT in headers:
         return False
     name = headers.get(m.ENDPOINT, "")
+    # The group's actors are of one class (one mesh): the first one's endpoint is each one's
+    # (an actor's own table only ever adds ad-hoc endpoints under names it lacks).
     prop = members[0].endpoints.get(name)
     if prop is None or not prop.is_async or prop.concurrent or prop.explicit_response_port:
         return False
@@ -75,19 +78,17 @@ def handle_group_call(
     merged = reading.merged
     reducer = group_reducer(rt)
     max_payload = rt.max_payload
+    numbered = numbering(msg)  # the sender's number, read once; each actor checks it
     gathered: list[ActorInstance] = []  # plain replies, leaving as one message
     bodies: list[bytes] = []
     for inst in members:
         runner = inst._runner
         if (
-            inst._stopping
-            or inst.failed is not None
-            or inst.endpoints.get(name) is not prop
-            or not runner.ready_to_start()  # type: ignore[union-attr]  (an async group's)
+            inst._stopping or inst.failed is not None or not runner.ready_to_start()  # type: ignore[union-attr]  (an async group's)
         ):
             _deliver(inst, msg)  # the general path, at its turn
             continue
-        hole = inst._sequence.check(msg)
+        hole = None if numbered is None else inst._sequence.check_numbered(*numbered)
         if hole is not None and inst._lost_before(msg, *hole):
             continue  # refused, its caller told
         activity = inst.activity
