@@ -264,8 +264,8 @@ def test_many_small_replies_are_bounded_by_the_ledgers_byte_cap(monkeypatch):
 def test_a_reply_merged_on_its_proc_is_kept_under_each_rank_it_answers(monkeypatch):
     """A merged reply (monarch.actors.hosting.reduce) answers for several ranks: a probe
     about any of them finds it and sends it again; ranks it does not cover stay
-    pending; its one body and entry are counted once over its ranks, each rank's key
-    on top, and evicting its entries one by one brings the byte count back to zero."""
+    pending; its one body and entry are counted once, each rank's key on top, and
+    evicting it takes all its ranks and brings the byte count back to zero."""
 
     class Runtime:
         proc_uid = "proc"
@@ -283,13 +283,14 @@ def test_a_reply_merged_on_its_proc_is_kept_under_each_rank_it_answers(monkeypat
         "replied", "replied", "replied", "pending", "unknown"
     ]  # fmt: skip
     assert rt.published == [(subject, "0-2")] * 3
-    share = (1 + lost_replies.ENTRY_OVERHEAD) // 3 + lost_replies.RANK_ENTRY_OVERHEAD
-    assert ledger._bytes == 3 * share
-    assert 3 * share < 3 * (1 + lost_replies.ENTRY_OVERHEAD)  # not the whole reply thrice
+    assert ledger._bytes == 1 + lost_replies.ENTRY_OVERHEAD + 3 * lost_replies.RANK_ENTRY_OVERHEAD
+    ledger.connection_changed(False)  # a drop and a reconnect: sent again, once for its ranks
+    ledger.connection_changed(True)
+    assert rt.published == [(subject, "0-2")] * 4
     monkeypatch.setattr(lost_replies, "REPLY_CACHE_BYTES", 0)  # the next reply evicts all
     ledger.received("mon.default.port.client.8", 0)
     ledger.sent("mon.default.port.client.8", 0, b"", {m.KIND: "reply"})
-    assert not ledger._sent and ledger._bytes == 0
+    assert not ledger._sent and not ledger._order and ledger._bytes == 0
 
 
 def test_a_big_reply_being_fetched_is_neither_probed_nor_fetched_twice(counters, monkeypatch):

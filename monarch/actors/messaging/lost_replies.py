@@ -48,6 +48,7 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import Collection
 from typing import Any
 
 from monarch.actors.errors import MessageLostError
@@ -65,10 +66,10 @@ REPLY_CACHE_BYTES = 64 * 1024 * 1024  # bodies and each entry's own overhead, be
 # second at S2's rate) are bounded by the cap too, not only by REPLY_TTL (~600 MB).
 ENTRY_OVERHEAD = 512
 # What each rank adds to a reply kept for several ranks at once (gathered or merged on
-# a per_proc proc): its key and the table's slot (~80 bytes measured with tracemalloc);
-# the body, headers and tuple are one for all of them (benchmarks/NOTES.md 64).
-RANK_ENTRY_OVERHEAD = 96
-MAX_PENDING = 100_000  # received calls not answered yet that are remembered
+# a per_proc proc): its place in the reply's set of ranks (~56 bytes measured
+# with tracemalloc); the body, headers and tuple are one for all of them (NOTES 64).
+RANK_ENTRY_OVERHEAD = 64
+MAX_PENDING = 100_000  # received calls not answered yet that are remembered (by rank)
 RESEND_WINDOW = 1.0  # seconds before a connection drop whose replies are sent again
 PROBE_AFTER = 1.0  # a call unanswered this long is asked about (then at 2x, 4x...)
 PROBE_EVERY = 4.0  # ...up to this interval
@@ -87,11 +88,18 @@ class ReplyLedger:
     def __init__(self, rt: Any) -> None:
         self.rt = rt
         self._lock = threading.Lock()
-        self._pending: dict[tuple[str, int], float] = {}
-        # (subject, rank) -> (when sent, body, headers, the bytes it is counted for)
-        self._sent: collections.OrderedDict[tuple[str, int], tuple[float, bytes, dict, int]] = (
-            collections.OrderedDict()
-        )
+        # By reply subject (one per call), not by (subject, rank): a call to a per_proc
+        # group is received and answered for its k ranks with a few set operations
+        # instead of k entries in a big table each way (~14% of a group's handling at
+        # 1,024 actors a proc, NOTES 64).
+        # reply subject -> the ranks here that received the call and did not answer yet
+        self._pending: dict[str, set[int]] = {}
+        self._pending_count = 0
+        # reply subject -> the replies kept for it: ((when sent, body, headers), its ranks)
+        self._sent: dict[str, list[tuple[tuple[float, bytes, dict], Collection[int]]]] = {}
+        # The same replies in the order they left: (subject, reply, the bytes it is
+        # counted for). Eviction takes the oldest, with all its ranks.
+        self._order: collections.deque[tuple[str, tuple, int]] = collections.deque()
         self._bytes = 0
         self._dropped_at: float | None = None
         self.resent = 0  # replies published again (after a reconnect or on a probe)
@@ -99,55 +107,75 @@ class ReplyLedger:
     def received(self, reply: str, rank: int | list[int]) -> None:
         """A call that wants a reply at ``reply`` reached the actor of ``rank`` here
         (a list: the actors of a ``per_proc`` group it reached together, one lock)."""
-        now = time.monotonic()
         with self._lock:
-            for r in rank if type(rank) is list else (rank,):
-                if len(self._pending) >= MAX_PENDING:
-                    del self._pending[next(iter(self._pending))]
-                self._pending[(reply, r)] = now
+            waiting = self._pending.get(reply)
+            if waiting is None:
+                waiting = self._pending[reply] = set()
+            before = len(waiting)
+            if type(rank) is list:
+                waiting.update(rank)
+            else:
+                waiting.add(rank)
+            self._pending_count += len(waiting) - before
+            while self._pending_count > MAX_PENDING:  # forget the oldest calls
+                oldest = next(iter(self._pending))
+                self._pending_count -= len(self._pending.pop(oldest))
 
     def sent(self, subject: str, rank: int | list[int], body: bytes, headers: dict) -> None:
         """A reply left; remembered only when it answers a call received here.
 
         ``rank`` a list: one reply that answers for all of them (gathered or merged on
-        this proc, :mod:`monarch.actors.hosting.reduce`), kept under each (one lock, one
-        clock read: ~4.6 us a rank when called rank by rank, NOTES 61). Each of its
-        entries is counted for its share of the one body and entry, and its own key
-        (:data:`RANK_ENTRY_OVERHEAD`): counted whole under each rank, the cap filled
-        ~k times too fast and every call of a sustained broadcast evicted ~k entries
-        (~10% of a group's handling at 1,024 actors a proc, NOTES 64)."""
+        this proc, :mod:`monarch.actors.hosting.reduce`), kept once for them and counted
+        for its body and entry once and each rank on top (:data:`RANK_ENTRY_OVERHEAD`;
+        counted whole under each rank, the cap filled ~k times too fast and every call
+        of a sustained broadcast evicted ~k entries, NOTES 64)."""
         now = time.monotonic()
         with self._lock:
+            waiting = self._pending.get(subject)
+            if not waiting:
+                return  # a stream port's later values, a control reply: nothing to recover
+            weight = len(body) + ENTRY_OVERHEAD
             if type(rank) is list:
-                share = (len(body) + ENTRY_OVERHEAD) // max(len(rank), 1) + RANK_ENTRY_OVERHEAD
-                kept, pop, keep, n = (now, body, headers, share), self._pending.pop, self._sent, 0
-                for r in rank:
-                    key = (subject, r)
-                    if pop(key, None) is not None:
-                        keep[key] = kept
-                        n += 1
-                self._bytes += n * share
+                answered: Collection[int] = waiting.intersection(rank)
+                if not answered:
+                    return
+                waiting.difference_update(answered)
+                weight += len(answered) * RANK_ENTRY_OVERHEAD
+            elif rank in waiting:
+                waiting.discard(rank)
+                answered = (rank,)
             else:
-                key = (subject, rank)
-                if self._pending.pop(key, None) is None:
-                    return  # a stream port's later values, a control reply: nothing to recover
-                weight = len(body) + ENTRY_OVERHEAD
-                self._sent[key] = (now, body, headers, weight)
-                self._bytes += weight
-            while self._sent:
-                first = next(iter(self._sent.values()))
-                if now - first[0] <= REPLY_TTL and self._bytes <= REPLY_CACHE_BYTES:
+                return
+            self._pending_count -= len(answered)
+            if not waiting:
+                del self._pending[subject]
+            reply = ((now, body, headers), answered)
+            kept = self._sent.get(subject)
+            if kept is None:
+                self._sent[subject] = [reply]
+            else:
+                kept.append(reply)
+            order = self._order
+            order.append((subject, reply, weight))
+            self._bytes += weight
+            while order:
+                old_subject, old, weight = order[0]
+                if now - old[0][0] <= REPLY_TTL and self._bytes <= REPLY_CACHE_BYTES:
                     break
-                self._bytes -= self._sent.popitem(last=False)[1][3]
+                order.popleft()
+                self._bytes -= weight
+                kept = self._sent[old_subject]
+                kept.remove(old)  # the oldest of its subject: the first
+                if not kept:
+                    del self._sent[old_subject]
 
     def status(self, subject: str, rank: int) -> str:
         """``replied`` (and sent again), ``pending`` or ``unknown``."""
-        key = (subject, rank)
         with self._lock:
-            kept = self._sent.get(key)
-            pending = key in self._pending
-        if kept is not None:
-            self._resend(subject, kept)
+            kept = [reply for reply, ranks in self._sent.get(subject, ()) if rank in ranks]
+            pending = rank in self._pending.get(subject, ())
+        if kept:
+            self._resend(subject, kept[-1])
             return "replied"
         return "pending" if pending else "unknown"
 
@@ -172,8 +200,8 @@ class ReplyLedger:
         if dropped is None:
             return
         since = dropped - RESEND_WINDOW
-        with self._lock:
-            again = [(key[0], kept) for key, kept in self._sent.items() if kept[0] >= since]
+        with self._lock:  # a reply for several ranks: once
+            again = [(subject, kept) for subject, (kept, _), _ in self._order if kept[0] >= since]
         for subject, kept in again:
             self._resend(subject, kept)
         if again:
@@ -181,7 +209,7 @@ class ReplyLedger:
                 "%s: sent %d recent replies again after a reconnect", self.rt.proc_uid, len(again)
             )
 
-    def _resend(self, subject: str, kept: tuple[float, bytes, dict, int]) -> None:
+    def _resend(self, subject: str, kept: tuple[float, bytes, dict]) -> None:
         self.resent += 1
         self.rt.publish(subject, kept[1], kept[2])
 
