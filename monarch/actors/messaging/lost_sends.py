@@ -131,8 +131,23 @@ class SequenceCheck:
 
     def check(self, msg: Any) -> tuple[str, int] | None:
         """``(sender proc uid, messages lost)`` when ``msg`` shows a hole, else None."""
-        numbered = numbering(msg)
-        return None if numbered is None else self.check_numbered(*numbered)
+        # numbering() written out: this runs for every message an actor gets (a send to
+        # 8,192 actors: one call less an actor is ~5% of its handling, NOTES 64)
+        headers = msg.headers
+        if not headers:
+            return None
+        seq = headers.get(m.SEQ)
+        counted = seq is not None
+        if not counted:
+            seq = headers.get(SENT)
+            if seq is None:
+                return None  # not numbered: in-process delivery, or not from a mesh sender
+        number, _, sender = seq.partition("@")
+        try:
+            n = int(number)
+        except ValueError:
+            return None
+        return self.check_numbered((sender, msg.subject), n, counted)
 
     def check_numbered(self, key: tuple[str, str], n: int, counted: bool) -> tuple[str, int] | None:
         """:meth:`check` of a message whose :func:`numbering` is ``(key, n, counted)``."""
