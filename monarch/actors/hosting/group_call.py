@@ -42,7 +42,6 @@ from monarch.actors.calls.context import use_context
 from monarch.actors.hosting.mailbox import Resume
 from monarch.actors.hosting.reduce import IMMUTABLE, Unencoded, group_reducer
 from monarch.actors.messaging import messages as m
-from monarch.actors.messaging.lost_sends import numbering
 from monarch.broker.bodies.codec import dumps, plain_msgpack
 from monarch.core.runtime import Runtime
 from monarch.rdma.bulk import stays_inline
@@ -78,7 +77,6 @@ def handle_group_call(
     merged = reading.merged
     reducer = group_reducer(rt)
     max_payload = rt.max_payload
-    numbered = numbering(msg)  # the sender's number, read once; each actor checks it
     gathered: list[ActorInstance] = []  # plain replies, leaving as one message
     bodies: list[bytes] = []
     for inst in members:
@@ -88,7 +86,7 @@ def handle_group_call(
         ):
             _deliver(inst, msg)  # the general path, at its turn
             continue
-        hole = None if numbered is None else inst._sequence.check_numbered(*numbered)
+        hole = inst._sequence.check(msg)
         if hole is not None and inst._lost_before(msg, *hole):
             continue  # refused, its caller told
         activity = inst.activity

@@ -100,29 +100,6 @@ class SendCounter:
         self.rt.publish(subject, b"", headers)
 
 
-def numbering(msg: Any) -> tuple[tuple[str, str], int, bool] | None:
-    """``((sender proc uid, subject), number, counted)`` of a numbered message, else None.
-
-    ``counted``: the number is the message's own (``Mon-Seq``); otherwise it is a
-    sender's count so far (a ``sync`` message). Read once for a group's actors, which
-    each check it (:meth:`SequenceCheck.check_numbered`)."""
-    headers = msg.headers
-    if not headers:
-        return None
-    seq = headers.get(m.SEQ)
-    counted = seq is not None
-    if not counted:
-        seq = headers.get(SENT)
-        if seq is None:
-            return None  # not numbered: in-process delivery, or not from a mesh sender
-    number, _, sender = seq.partition("@")
-    try:
-        n = int(number)
-    except ValueError:
-        return None
-    return (sender, msg.subject), n, counted
-
-
 class SequenceCheck:
     """One actor's view of the numbers it received, per (sender, subject) (loop only)."""
 
@@ -131,8 +108,6 @@ class SequenceCheck:
 
     def check(self, msg: Any) -> tuple[str, int] | None:
         """``(sender proc uid, messages lost)`` when ``msg`` shows a hole, else None."""
-        # numbering() written out: this runs for every message an actor gets (a send to
-        # 8,192 actors: one call less an actor is ~5% of its handling, NOTES 64)
         headers = msg.headers
         if not headers:
             return None
@@ -147,28 +122,25 @@ class SequenceCheck:
             n = int(number)
         except ValueError:
             return None
-        return self.check_numbered((sender, msg.subject), n, counted)
-
-    def check_numbered(self, key: tuple[str, str], n: int, counted: bool) -> tuple[str, int] | None:
-        """:meth:`check` of a message whose :func:`numbering` is ``(key, n, counted)``."""
+        key = (sender, msg.subject)
         last = self._last.get(key, 0)
         if not counted:  # a count so far: everything up to it should be here
             if n > last:
                 self._last[key] = n
-                return key[0], n - last
+                return sender, n - last
             return None
         if n == last + 1:
             self._last[key] = n
             return None
         if n > last:
             self._last[key] = n
-            return key[0], n - last - 1
+            return sender, n - last - 1
         log.warning(
             "message %d from %s on %s arrived after message %d: reordered, not lost "
             "(a loss reported for it was a false alarm)",
             n,
-            key[0],
-            key[1],
+            sender,
+            msg.subject,
             last,
         )
         return None
