@@ -137,18 +137,8 @@ class Dispatch:
         """The rest of a call that :mod:`monarch.actors.hosting.group_call` began and whose
         endpoint suspended (``rest`` drives it on): what :meth:`_on_loop` does after the
         endpoint returns, in the runner's task."""
-        try:
-            result = await rest
-            body = self._encode_result(prop, msg, result)
-        except asyncio.CancelledError:
-            self.activity.end(call, False)
-            raise  # the actor is being stopped: its runner's task was cancelled
-        except BaseException as e:  # SystemExit too: it must not escape onto the proc's loop
-            self.activity.end(call, False)
-            self._respond(msg, *self._failure(prop, e), prop, self.rank)
-        else:
-            self.activity.end(call, True)
-            self._respond(msg, True, body, prop, self.rank)
+        ok, body, at = await self._invoke_async(prop, msg, (call, rest))
+        self._respond(msg, ok, body, prop, at)
         if self._stop_requested:
             self._stop_requested = False
             self._stop_soon()
@@ -272,20 +262,31 @@ class Dispatch:
         self.activity.end(call, True, later)
         return True, body, at
 
-    async def _invoke_async(self, prop: EndpointProperty, msg: Msg) -> tuple[bool, bytes, int]:
+    async def _invoke_async(
+        self, prop: EndpointProperty, msg: Msg, begun: tuple[Call, Awaitable[Any]] | None = None
+    ) -> tuple[bool, bytes, int]:
+        """Run an async endpoint: (ok, reply body, this actor's rank where the message was
+        sent). ``begun``: its activity record and the rest of a run begun elsewhere, to
+        await instead (:meth:`_go_on_async`; a whole-mesh call, so ``at`` is the rank)."""
         at = self.rank
-        call = self.activity.begin(prop.name, prop.concurrent, msg)
+        if begun is None:
+            call = self.activity.begin(prop.name, prop.concurrent, msg)
+        else:
+            call, rest = begun
         try:
-            data = msg.data
-            if is_reference(data):  # big: its bytes are fetched off the loop (else no await)
-                try:
-                    data = await fetch_async(data)
-                except Exception as e:  # the message's bytes are gone: not the actor's failure
-                    raise MalformedMessageError(
-                        f"{self.actor_id} could not fetch a message: {e}"
-                    ) from e
-            args, kwargs, at = self._prepare(prop, msg, data)
-            result = await prop._method(self.obj, *args, **kwargs)
+            if begun is None:
+                data = msg.data
+                if is_reference(data):  # big: its bytes are fetched off the loop (else no await)
+                    try:
+                        data = await fetch_async(data)
+                    except Exception as e:  # the message's bytes are gone: not the actor's failure
+                        raise MalformedMessageError(
+                            f"{self.actor_id} could not fetch a message: {e}"
+                        ) from e
+                args, kwargs, at = self._prepare(prop, msg, data)
+                result = await prop._method(self.obj, *args, **kwargs)
+            else:
+                result = await rest
             body = self._encode_result(prop, msg, result)
         except asyncio.CancelledError:
             self.activity.end(call, False)
