@@ -67,8 +67,10 @@ class Settings(BrokerSettings):
     eager_start: bool = Field(
         True,
         description="Start a call the broker delivers to an idle actor whose endpoints are "
-        "all async inside its delivery, as Python 3.12's eager tasks (0: every message on the "
-        "next turn of the actor's task; monarch.actors.hosting.mailbox; benchmarks/NOTES.md 63).",
+        "all async inside its delivery, as Python 3.12's eager tasks, and a call to a per_proc "
+        "mesh's whole group for all its idle actors in one pass (0: every message on the "
+        "next turn of the actor's task; monarch.actors.hosting.mailbox, group_call; "
+        "benchmarks/NOTES.md 63-64).",
     )
     flow_batch: int = Field(1000, ge=1, description="Messages between two flow markers.")
     flow_window: int = Field(16, ge=1, description="Unanswered flow markers before a sender waits.")

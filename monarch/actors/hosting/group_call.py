@@ -80,10 +80,8 @@ def handle_group_call(
     gathered: list[ActorInstance] = []  # plain replies, leaving as one message
     bodies: list[bytes] = []
     for inst in members:
-        runner = inst._runner
-        if (
-            inst._stopping or inst.failed is not None or not runner.ready_to_start()  # type: ignore[union-attr]  (an async group's)
-        ):
+        runner: Any = inst._runner  # a LoopRunner: only all-async actors share a subject
+        if inst._stopping or inst.failed is not None or not runner.ready_to_start():
             _deliver(inst, msg)  # the general path, at its turn
             continue
         hole = inst._sequence.check(msg)
@@ -92,7 +90,7 @@ def handle_group_call(
         activity = inst.activity
         call = activity.begin(name, False, msg)
         try:
-            coro, value = runner.step(_first_step, inst, method, args, kwargs)  # type: ignore[union-attr]
+            coro, value = runner.step(_first_step, inst, method, args, kwargs)
             if coro is None:  # returned without suspending (the common case)
                 body = Unencoded(value) if merged and type(value) in IMMUTABLE else dumps(value)
         except asyncio.CancelledError:  # as LoopRunner._start has it when _on_loop raises it
@@ -105,7 +103,7 @@ def handle_group_call(
         else:
             if coro is not None:  # suspended: the runner's task does the rest
                 rest = inst._go_on_async(prop, msg, call, Resume(coro, value))
-                runner.go_on(rest, runner.step(rest.send, None))  # type: ignore[union-attr]
+                runner.go_on(rest, runner.step(rest.send, None))
                 continue
             activity.end(call, True)
             if merged:
