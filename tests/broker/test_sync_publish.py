@@ -14,6 +14,7 @@ import asyncio
 import os
 import secrets
 import signal
+from collections.abc import Callable
 
 import nats
 import pytest
@@ -62,6 +63,28 @@ def _record_writes(nc: Client) -> list[bytes]:
     return written
 
 
+def _reading_state(nc: Client) -> str:
+    """Where the receiver's reading stands: what a failure of the test below must tell apart
+    (bytes the parser holds, a parse that waits, a socket not read, or nothing arrived)."""
+    ps, direct = nc._ps, getattr(nc, "_monarch_direct_read", None)
+    transport = nc._transport._io_writer.transport
+    parsing = None if direct is None else direct.parsing
+    return (
+        f"its parser in state {ps.state} holding {len(ps.buf)} byte(s) "
+        f"(first {bytes(ps.buf[:60])!r}, needed {ps.needed}), direct read "
+        f"{'off' if direct is None else 'on'}, a parse waiting: {parsing!r}, reading paused: "
+        f"{direct is not None and direct.paused}, socket read: {transport.is_reading()}"
+    )
+
+
+async def _arrives(condition: Callable[[], bool], within: float = 2.0) -> bool:
+    try:
+        await until(condition, "the probes", timeout=within)
+    except AssertionError:
+        return False
+    return True
+
+
 @pytest.mark.parametrize("key", [None, secrets.token_urlsafe(24)], ids=["open", "job-key"])
 def test_a_message_leaves_with_the_bytes_counts_and_tag_of_nats_pys_publish(key, nats_url):
     cfg = Settings(nats_job_key=key)
@@ -97,13 +120,22 @@ def test_a_message_leaves_with_the_bytes_counts_and_tag_of_nats_pys_publish(key,
                 await until(lambda: len(got) >= 2 * len(received), "every message, twice")
             except AssertionError as e:  # say what came, and whether the socket brought it
                 arrived = [(m.subject, len(m.data)) for m in got]
+                brought = receiver.stats["in_msgs"]  # (taken before the probes below)
+                state = _reading_state(receiver)
+                # does a message sent now arrive? (no: the subscription or the socket is stuck)
+                probes = {s: f"probe {s}".encode() for s in {m[0] for m in received}}
+                for subject, body in probes.items():
+                    await sender.publish(subject, body)
+                await sender.flush()
+                came = await _arrives(lambda: {m.data for m in got} >= set(probes.values()))
                 raise AssertionError(
-                    f"{e}; received {len(got)} of {2 * len(received)}: {arrived}; the "
-                    f"receiver's socket brought {receiver.stats['in_msgs']} message(s), the "
+                    f"{e}; received {len(arrived)} of {2 * len(received)}: {arrived}; the "
+                    f"receiver's socket brought {brought} message(s), the "
                     f"sender's stats {sender.stats}; last errors: sender "
                     f"{sender.last_error!r}, receiver {receiver.last_error!r}; sender "
                     f"connected {sender.is_connected} to {sender.connected_url}; receiver "
-                    f"subscribed to {sorted(sub.subject for sub in receiver._subs.values())}"
+                    f"subscribed to {sorted(sub.subject for sub in receiver._subs.values())}; "
+                    f"{state}; a probe sent on each subject afterwards arrived: {came}"
                 ) from None
         finally:
             await sender.close()
