@@ -30,7 +30,7 @@ from monarch.supervision import watcher as watcher_module
 from monarch.supervision.heartbeat import QUIET, STALL, Heartbeater
 from monarch.supervision.watcher import Watcher
 from tests import helpers
-from tests.helpers import run_in_own_loop, wait_until
+from tests.helpers import run_in_own_loop
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -492,7 +492,12 @@ def test_procs_forked_once_the_zygote_is_idle_have_torch_already(nats_url):
         with open(f"/proc/{zygote.torch_zygote}/maps") as f:
             return "libtorch" in f.read()
 
-    assert wait_until(zygote_has_torch, timeout=60)
+    if zygote.torch_zygote is None:
+        # A zygote started before this client imported torch (this test run alone) starts
+        # its torch zygote only once a spawn has wanted torch: this one, forked without it.
+        this_host().spawn_procs(per_host={"gpus": 1}).stop().get(timeout=60)
+    assert zygote.torch_ready.wait(timeout=60)  # its import is over (not only begun)
+    assert zygote_has_torch()
     procs = this_host().spawn_procs(per_host={"gpus": 1})
     try:
         assert "torch" in procs.spawn("mods", Echo).modules.call_one().get(timeout=30)

@@ -29,8 +29,9 @@ the client over two pipes, one JSON object per line:
 * zygote -> client (a pipe whose fd is its only argument): ``{"uid": ..., "pid": N, "by": Z}``
   once forked (``Z``: the zygote that forked it), ``{"pid": N, "exit": code}`` when a child
   ends (``code`` as ``Popen.returncode``), ``{"torch_zygote": N}`` once the torch zygote is
-  forked, and ``{"torch_zygote_exit": N, "code": code}`` if it ends: its tied procs ended
-  with it.
+  forked, ``{"torch_zygote_ready": N}`` once it has imported torch (procs asked for from then
+  on are its forks), and ``{"torch_zygote_exit": N, "code": code}`` if it ends: its tied
+  procs ended with it.
 
 It exits when its stdin closes (the client finished or died). Children it made
 with ``tie`` die with it (parent-death signal); the others notice their owner's
@@ -254,6 +255,7 @@ class _TorchZygote:
         for line in lines:
             if line == b"ready":
                 self.ready = True
+                self.parent.replies.write(json.dumps({"torch_zygote_ready": self.pid}) + "\n")
             elif line.startswith(b"forked "):
                 self._forwarded.pop(line[7:].decode(), None)
         return gone

@@ -55,6 +55,8 @@ class _Zygote:
         self.alive = True
         # The pid of the second zygote it forks to import torch, once it has (not a proc).
         self.torch_zygote: int | None = None
+        # Set once the torch zygote has imported torch: procs asked for from then on have it.
+        self.torch_ready = threading.Event()
         self._tied_to: dict[int, int] = {}  # proc pid -> the zygote it dies with
         threading.Thread(target=self._read, name="monarch-zygote", daemon=True).start()
 
@@ -108,6 +110,8 @@ class _Zygote:
                         _exited(*entry, -signal.SIGKILL)
             elif "torch_zygote" in msg:
                 self.torch_zygote = msg["torch_zygote"]
+            elif "torch_zygote_ready" in msg:
+                self.torch_ready.set()
             elif "exit" in msg:
                 with self._lock:
                     entry = self._children.pop(msg["pid"], None)
