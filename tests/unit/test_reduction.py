@@ -35,6 +35,11 @@ def test_malformed_ranks_are_refused(text):
         decode_ranks(text)
 
 
+def test_ranks_written_out_of_order_are_read_as_written():
+    """Ours are written ascending; another writer's disjoint runs in any order still read."""
+    assert decode_ranks("8-9,0-3,5") == [8, 9, 0, 1, 2, 3, 5]
+
+
 def test_the_header_names_the_reducer_and_carries_it():
     text = encode_reducer(operator.add)
     assert text.startswith("_operator.add ") or text.startswith("operator.add ")

@@ -163,7 +163,7 @@ class MeshState:
             or self.stopped is not None
             or self.error is not None
             or len(tokens) != 1
-            or any(r in self.dead for r in gather.expected)
+            or (self.dead and not self.dead.keys().isdisjoint(gather.expected))
         ):
             return False
         rt = self.rt

@@ -63,14 +63,17 @@ def encode_ranks(ranks: Iterable[int]) -> str:
 def decode_ranks(text: str) -> list[int]:
     """The ranks of a ``Mon-Ranks`` header; ValueError if it is malformed (or absurdly long)."""
     ranks: list[int] = []
+    ascending = True  # as encode_ranks writes them: then no rank can come twice
     for part in text.split(","):
         first, dash, last = part.partition("-")
         lo = int(first)
         hi = int(last) if dash else lo
         if lo < 0 or hi < lo or len(ranks) + hi - lo + 1 > MAX_RANKS:
             raise ValueError(f"bad Mon-Ranks entry {part!r}")
+        if ranks and lo <= ranks[-1]:
+            ascending = False
         ranks.extend(range(lo, hi + 1))
-    if len(set(ranks)) != len(ranks):
+    if not ascending and len(set(ranks)) != len(ranks):
         raise ValueError("Mon-Ranks names a rank twice")
     return ranks
 
