@@ -78,6 +78,15 @@ class Member(Actor):
         return current_rank().rank
 
     @endpoint
+    async def cancelled_on(self, rank: int, after_an_await: bool) -> int:
+        """CancelledError raised by the endpoint itself (nobody cancelled its task)."""
+        if current_rank().rank == rank:
+            if after_an_await:
+                await asyncio.sleep(0.01)
+            raise asyncio.CancelledError()
+        return current_rank().rank
+
+    @endpoint
     async def times(self, x: int) -> int:
         """Odd ranks await before answering, even ones answer at once."""
         task = asyncio.current_task()
@@ -170,6 +179,28 @@ def test_system_exit_in_one_endpoint_fails_that_actor_and_its_siblings_answer(pr
     assert list(others.ping.call(9).get(timeout=60).values()) == [9] * 3
     with pytest.raises(SupervisionError):  # the failed actor refuses what comes next
         mesh.slice(gpus=0, workers=2).ping.call_one(1).get(timeout=60)
+
+
+@pytest.mark.parametrize("after_an_await", [False, True], ids=["first-step", "after-an-await"])
+def test_cancelled_error_raised_by_an_endpoint_fails_its_actor_instead_of_hanging_its_callers(
+    procs, root_faults, after_an_await
+):
+    # Monarch 0.7 leaves this call, and every later one to the actor, waiting for their
+    # timeouts; ours took its first step's CancelledError for a cancellation and logged
+    # it, and one raised after an await ended the actor's runner task silently.
+    mesh = procs.per_proc(workers=3).spawn("gc_cancel", Member)
+    with pytest.raises(SupervisionError, match="CancelledError") as caught:  # the group pass
+        mesh.cancelled_on.call(4, after_an_await).get(timeout=60)
+    assert caught.value.rank == 4
+    assert [f.ranks for f in root_faults.wait()] == [[4]]  # the owner hears of it
+    with pytest.raises(SupervisionError):  # the failed actor refuses what comes next
+        mesh.slice(gpus=1, workers=1).ping.call_one(1).get(timeout=60)
+    one = mesh.slice(gpus=0, workers=2)  # the general path: one actor's own subscription
+    with pytest.raises(SupervisionError, match="CancelledError"):
+        one.cancelled_on.call_one(0, after_an_await).get(timeout=60)  # (its rank in the slice)
+    assert [f.ranks for f in root_faults.wait(2)] == [[4], [2]]
+    siblings = mesh.slice(gpus=0, workers=slice(0, 2))
+    assert list(siblings.ping.call(9).get(timeout=60).values()) == [9, 9]
 
 
 def test_endpoints_that_suspend_inside_a_reducing_call_are_merged_with_those_that_do_not(procs):

@@ -288,9 +288,11 @@ class Dispatch:
             else:
                 result = await rest
             body = self._encode_result(prop, msg, result)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as e:
             self.activity.end(call, False)
-            raise  # the actor is being stopped: its runner's task was cancelled
+            if _being_cancelled():
+                raise  # the actor is being stopped: its runner's task was cancelled
+            return (*self._failure(prop, e), at)  # the endpoint's own: a BaseException as any
         except BaseException as e:  # SystemExit too: it must not escape onto the proc's loop
             self.activity.end(call, False)
             return (*self._failure(prop, e), at)
@@ -336,3 +338,14 @@ def _wrap(failure: MeshFailure, exc: BaseException) -> MeshFailure:
         failure.mesh_name, failure.mesh_uid, failure.ranks, "supervise_raised",
         f"__supervise__ raised {type(exc).__name__}: {exc}", cause=failure, exception=exc,
     )  # fmt: skip
+
+
+def _being_cancelled() -> bool:
+    """Whether the running task was asked to stop, rather than an endpoint raising
+    ``CancelledError`` itself (awaiting a future someone cancelled, or ``raise``): that
+    one fails the actor as any ``BaseException`` does, where it used to end the
+    runner's task, leaving its caller and every later call waiting for their timeouts
+    (Monarch 0.7 hangs so, docs/reliability.md). Python 3.10 cannot tell: stopping."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return cancelling is None or cancelling() > 0

@@ -30,7 +30,6 @@ are changeable or travel out of band), or while someone records calls
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -93,11 +92,7 @@ def handle_group_call(
             coro, value = runner.step(_first_step, inst, method, args, kwargs)
             if coro is None:  # returned without suspending (the common case)
                 body = Unencoded(value) if merged and type(value) in IMMUTABLE else dumps(value)
-        except asyncio.CancelledError:  # as LoopRunner._start has it when _on_loop raises it
-            activity.end(call, False)
-            log.exception("%s: handling a message failed", inst.actor_id)
-            continue
-        except BaseException as e:  # SystemExit too: it must not escape onto the proc's loop
+        except BaseException as e:  # SystemExit, CancelledError too (as _invoke_async has them)
             activity.end(call, False)
             inst._respond(msg, *inst._failure(prop, e), prop, inst.rank)
         else:
