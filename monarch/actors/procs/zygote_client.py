@@ -100,6 +100,7 @@ class _Zygote:
                 # It died (killed?): its tied procs died with it (parent-death
                 # signal) and nobody is left to report their exits; we do, now.
                 gone = msg["torch_zygote_exit"]
+                self.torch_ready.clear()  # the plain zygote forks every proc from now on
                 with self._lock:
                     pids = [p for p, by in self._tied_to.items() if by == gone]
                     entries = [self._children.pop(p, None) for p in pids]
