@@ -288,13 +288,10 @@ class Dispatch:
             else:
                 result = await rest
             body = self._encode_result(prop, msg, result)
-        except asyncio.CancelledError as e:
-            self.activity.end(call, False)
-            if _being_cancelled():
-                raise  # the actor is being stopped: its runner's task was cancelled
-            return (*self._failure(prop, e), at)  # the endpoint's own: a BaseException as any
         except BaseException as e:  # SystemExit too: it must not escape onto the proc's loop
             self.activity.end(call, False)
+            if isinstance(e, asyncio.CancelledError) and _being_cancelled():
+                raise  # the actor is being stopped: its runner's task was cancelled
             return (*self._failure(prop, e), at)
         self.activity.end(call, True)
         return True, body, at
