@@ -5,9 +5,10 @@ Real procs and a real nats-server (and the client's own proc for what only its
 process can see): the pass is taken for a plain call to the whole mesh and not
 for a slice or while calls are recorded; what each actor sees is its own (its
 rank, its context variables, its task across awaits); a busy actor gets the call
-after what it is doing; a reply that cannot be encoded, an endpoint that raises
-SystemExit and one that suspends inside a reducing call each answer as on the
-general path.
+after what it is doing; each actor's activity counts its calls and its lost-message
+check refuses a call after lost sends; a reply that cannot be encoded, an endpoint
+that raises SystemExit and one that suspends inside a reducing call each answer as
+on the general path.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from monarch.actor import (
     this_proc,
 )
 from monarch.actors.calls.activity import call_listeners
+from monarch.actors.errors import MessageLostError
 from monarch.actors.hosting.server import local_server
+from monarch.actors.process_state import actor_process
 from monarch.core.process_runtime import runtime
 from tests.helpers import proc_mesh_fixture
 
@@ -130,6 +133,38 @@ def test_a_call_to_the_whole_group_skips_each_actors_dispatch_and_a_slice_does_n
     finally:
         call_listeners.pop()
     assert counts == {0: 1, 1: 2, 2: 2, 3: 1}
+    mesh.stop().get(timeout=60)
+
+
+def test_each_actors_calls_in_the_group_pass_are_in_its_activity(nats_url):
+    mesh = this_proc().per_proc(workers=4).spawn("gc_activity", Member)
+    for x in range(3):
+        assert list(mesh.ping.call(x).get(timeout=60).values()) == [x] * 4
+    books = {
+        inst.rank: inst.activity
+        for inst in local_server(runtime()).actors.values()
+        if inst.name == "gc_activity"
+    }
+    assert sorted(books) == [0, 1, 2, 3]
+    for book in books.values():
+        stats = book.endpoints["ping"]
+        assert (stats.calls, stats.errors, sum(stats.hist)) == (3, 0, 3)
+        assert not book.in_flight  # each call begun in the pass was ended there
+    mesh.stop().get(timeout=60)
+
+
+def test_a_group_call_after_lost_sends_is_refused_by_each_actor_and_runs_nowhere(procs):
+    mesh = procs.per_proc(workers=3).spawn("gc_lost", Member)
+    mesh.note.broadcast("sent")
+    assert list(mesh.note.call("called").get(timeout=60).values()) == [["sent", "called"]] * 6
+    # Two more sends to the group "died with a broker node": the next call says so.
+    counts = actor_process(runtime()).sends._count
+    [subject] = [s for s in counts if ".gc_lost." in s]
+    counts[subject] += 2
+    with pytest.raises(MessageLostError, match="2 earlier message"):
+        mesh.note.call("refused").get(timeout=60)
+    got = mesh.note.call("after").get(timeout=60)  # the refused call ran on no rank
+    assert list(got.values()) == [["sent", "called", "after"]] * 6
     mesh.stop().get(timeout=60)
 
 

@@ -8,8 +8,10 @@ is the same for the whole group: which endpoint, its arguments, whether the
 replies merge or gather, whether the caller waits. :func:`handle_group_call` asks
 that once and leaves each actor only its own part, in rank order:
 
-* its lost-message check (:meth:`SequenceCheck.check`, per actor as always);
-* its activity record (begun and ended as in :meth:`Dispatch._invoke_async`);
+* its lost-message check (:meth:`SequenceCheck.check_number`, per actor as always; the
+  message's number is read once);
+* its activity record (begun and ended as in :meth:`Dispatch._invoke_async`, the clock
+  read once an actor and the thread once a pass);
 * its endpoint's first step in its runner's task and context, as eager start does
   for a single call (:meth:`LoopRunner.step`): an endpoint that suspends is handed
   to its runner's task with the rest of its handling (:meth:`Dispatch._go_on_async`);
@@ -32,6 +34,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from threading import get_ident
+from time import monotonic
 from typing import TYPE_CHECKING, Any
 
 from nats.aio.msg import Msg
@@ -41,6 +45,7 @@ from monarch.actors.calls.context import use_context
 from monarch.actors.hosting.mailbox import Resume
 from monarch.actors.hosting.reduce import IMMUTABLE, Unencoded, group_reducer
 from monarch.actors.messaging import messages as m
+from monarch.actors.messaging.lost_sends import numbering
 from monarch.broker.bodies.codec import dumps, plain_msgpack
 from monarch.core.runtime import Runtime
 from monarch.rdma.bulk import stays_inline
@@ -78,16 +83,25 @@ def handle_group_call(
     max_payload = rt.max_payload
     gathered: list[ActorInstance] = []  # plain replies, leaving as one message
     bodies: list[bytes] = []
+    numbered = numbering(msg)  # the same for each actor: read once
+    thread = get_ident()
+    # When the next actor's call starts: the clock is read once an actor, at its call's end
+    # (what runs between two calls on the plain path, well under a microsecond, counts to
+    # the next one), and again after anything slower.
+    now = monotonic()
     for inst in members:
         runner: Any = inst._runner  # a LoopRunner: only all-async actors share a subject
         if inst._stopping or inst.failed is not None or not runner.ready_to_start():
             _deliver(inst, msg)  # the general path, at its turn
+            now = monotonic()
             continue
-        hole = inst._sequence.check(msg)
-        if hole is not None and inst._lost_before(msg, *hole):
-            continue  # refused, its caller told
+        if numbered is not None:
+            hole = inst._sequence.check_number(*numbered)
+            if hole is not None and inst._lost_before(msg, *hole):
+                now = monotonic()
+                continue  # refused, its caller told
         activity = inst.activity
-        call = activity.begin(name, False, msg)
+        call = activity.begin_at(name, False, msg, now, thread)
         try:
             coro, value = runner.step(_first_step, inst, method, args, kwargs)
             if coro is None:  # returned without suspending (the common case)
@@ -95,12 +109,15 @@ def handle_group_call(
         except BaseException as e:  # SystemExit, CancelledError too (as _invoke_async has them)
             activity.end(call, False)
             inst._respond(msg, *inst._failure(prop, e), prop, inst.rank)
+            now = monotonic()
         else:
             if coro is not None:  # suspended: the runner's task does the rest
                 rest = inst._go_on_async(prop, msg, call, Resume(coro, value))
                 runner.go_on(rest, runner.step(rest.send, None))
+                now = monotonic()
                 continue
-            activity.end(call, True)
+            now = monotonic()
+            activity.end_at(call, True, now)
             if merged:
                 reducer.add(inst, msg, body)
             elif stays_inline(len(body)) and len(body) <= max_payload and plain_msgpack(body):
@@ -108,9 +125,11 @@ def handle_group_call(
                 bodies.append(body)
             else:
                 inst._respond(msg, True, body, prop, inst.rank)
+                now = monotonic()
         if inst._stop_requested:
             inst._stop_requested = False
             inst._stop_soon()
+            now = monotonic()
     reducer.gather_all(msg, gathered, bodies)
     return True
 

@@ -108,39 +108,52 @@ class SequenceCheck:
 
     def check(self, msg: Any) -> tuple[str, int] | None:
         """``(sender proc uid, messages lost)`` when ``msg`` shows a hole, else None."""
-        headers = msg.headers
-        if not headers:
-            return None
-        seq = headers.get(m.SEQ)
-        counted = seq is not None
-        if not counted:
-            seq = headers.get(SENT)
-            if seq is None:
-                return None  # not numbered: in-process delivery, or not from a mesh sender
-        number, _, sender = seq.partition("@")
-        try:
-            n = int(number)
-        except ValueError:
-            return None
-        key = (sender, msg.subject)
+        numbered = numbering(msg)
+        return None if numbered is None else self.check_number(*numbered)
+
+    def check_number(self, key: tuple[str, str], n: int, counted: bool) -> tuple[str, int] | None:
+        """:meth:`check` given the message's :func:`numbering` (read once for a whole
+        group's actors, :mod:`monarch.actors.hosting.group_call`)."""
         last = self._last.get(key, 0)
         if not counted:  # a count so far: everything up to it should be here
             if n > last:
                 self._last[key] = n
-                return sender, n - last
+                return key[0], n - last
             return None
         if n == last + 1:
             self._last[key] = n
             return None
         if n > last:
             self._last[key] = n
-            return sender, n - last - 1
+            return key[0], n - last - 1
         log.warning(
             "message %d from %s on %s arrived after message %d: reordered, not lost "
             "(a loss reported for it was a false alarm)",
             n,
-            sender,
-            msg.subject,
+            key[0],
+            key[1],
             last,
         )
         return None
+
+
+def numbering(msg: Any) -> tuple[tuple[str, str], int, bool] | None:
+    """A message's place in its sender's numbering: ``((sender proc uid, subject), n,
+    counted)`` (``counted``: ``Mon-Seq``, the n-th counted message; else ``Mon-Sent``, n
+    counted so far); None when it carries neither (in-process delivery, or not from a mesh
+    sender) or an unreadable one."""
+    headers = msg.headers
+    if not headers:
+        return None
+    seq = headers.get(m.SEQ)
+    counted = seq is not None
+    if not counted:
+        seq = headers.get(SENT)
+        if seq is None:
+            return None
+    number, _, sender = seq.partition("@")
+    try:
+        n = int(number)
+    except ValueError:
+        return None
+    return (sender, msg.subject), n, counted
