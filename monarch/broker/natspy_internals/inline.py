@@ -50,6 +50,9 @@ async def _finish(
                 waiting_on._asyncio_future_blocking = False
                 try:
                     await waiting_on
+                except GeneratorExit:  # this coroutine is being closed (its task destroyed
+                    coro.close()  # pending): close the one it drives too, resume nothing
+                    raise
                 except BaseException:
                     pass  # the coroutine sees the outcome when resumed
             waiting_on = coro.send(None)
