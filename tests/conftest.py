@@ -19,6 +19,7 @@ import pytest
 from monarch.actors.procs.zygote import TORCH_ZYGOTE_NAME
 from monarch.broker.connections.server import EmbeddedBroker
 from tests.helpers import descendants, wait_until
+from tests.turns import forget_the_workers_terminal, turn
 
 # Clients write job records and NATS contexts (monarch.broker.connections.job_records) under
 # XDG_RUNTIME_DIR and XDG_CONFIG_HOME: the suite's go to a folder of its own, never
@@ -28,6 +29,17 @@ os.environ["XDG_RUNTIME_DIR"] = os.path.join(_XDG, "run")
 os.environ["XDG_CONFIG_HOME"] = os.path.join(_XDG, "config")
 os.makedirs(os.environ["XDG_RUNTIME_DIR"], mode=0o700)
 atexit.register(shutil.rmtree, _XDG, ignore_errors=True)
+
+
+def pytest_configure(config):
+    forget_the_workers_terminal(config)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Two tests at a time, an ``alone`` one by itself (tests/turns.py)."""
+    with turn(item):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 WARNING = "has been running for"
 
@@ -80,6 +82,7 @@ def test_a_stalled_call_is_shown_and_its_caller_warns_once(nats_url, tmp_path):
     assert stall["finished_after"] >= 4.0
 
 
+@pytest.mark.alone  # its burners take both cores
 def test_short_calls_on_a_cpu_starved_machine_are_not_stalls(nats_url, tmp_path):
     burn = [sys.executable, "-c", "while True: pass"]
     burners = [subprocess.Popen(burn) for _ in range(2)]

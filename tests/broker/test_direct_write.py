@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from monarch.broker.connections.connect import connect
 from monarch.broker.connections.server import EmbeddedBroker, free_port
 from monarch.broker.natspy_internals import direct_write
@@ -162,6 +164,7 @@ def test_threads_racing_the_loop_keep_each_threads_order_and_lose_nothing(nats_u
         receiver.close()
 
 
+@pytest.mark.alone  # a partial write needs the kernel's socket memory to itself (it saw none beside other tests)
 def test_a_socket_that_fills_takes_the_rest_of_a_write_through_the_loop_first():
     """A broker frozen (SIGSTOP) while a thread writes 100 kB messages and the loop 1 kB
     ones: the socket fills, a direct write goes in part, and its rest leaves before anything

@@ -77,10 +77,14 @@ def top_command() -> str:
 
 
 def whole_job_shown(screen: str) -> bool:
+    # The failure's reason and the stall's endpoint too: "failed" is in the header's count
+    # as soon as one is known, which on a busy machine may be a refresh before its reason.
     return (
         all(w in screen for w in ("mesh workers", "mesh sleepy", "mesh doomed"))
         and all(s in screen for s in ("serving", "stalled", "failed"))
         and re.search(r"workers\s+ping\s+2\s+[0-9.]*[1-9][0-9.]*/s", screen) is not None
+        and "boom: this actor was broken on purpose" in screen
+        and "sleep running" in screen
     )
 
 

@@ -49,7 +49,9 @@ SECRETS = (
     "MONARCH_NATS_JOB_KEY",
 )
 
-pytestmark = pytest.mark.timeout(900)
+# Alone: it builds images and stops and kills broker nodes and hosts in containers, timed
+# against their failover (tests/turns.py).
+pytestmark = [pytest.mark.timeout(900), pytest.mark.alone]
 
 
 @dataclass

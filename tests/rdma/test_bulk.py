@@ -100,6 +100,7 @@ def test_threshold_is_configurable(owners, monkeypatch):
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.alone  # a 1 GiB tensor, copied: the machine's memory to itself
 def test_one_gib_tensor_argument(owners):
     n = 1 << 30
     try:

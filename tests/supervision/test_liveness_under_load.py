@@ -22,6 +22,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from monarch.broker.connections.connect import connect
 from monarch.broker.natspy_internals.intake import subscribe_ordered
 from monarch.broker.vocabulary import subjects
@@ -33,6 +35,9 @@ from tests import helpers
 from tests.helpers import run_in_own_loop
 
 ROOT = Path(__file__).resolve().parents[2]
+
+# Each test loads the machine on purpose, or times heartbeats on it: nothing beside it.
+pytestmark = pytest.mark.alone
 
 
 @contextlib.contextmanager
