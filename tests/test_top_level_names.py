@@ -268,11 +268,13 @@ def test_log_builtins_log_and_set_the_level_on_every_proc(procs):
         set_logging_level_remote(logging.ERROR)
         log_remote("ignored %s", "info", level=logging.INFO)
         log_remote("seen %s %d", "error", 42, level=logging.ERROR)
-        monarch.inspect(torch.zeros(1))  # the procs ran everything sent before it
+        ready = torch.zeros(1)
+        for g in range(2):  # each proc ran everything sent before it (inspect reads one)
+            monarch.inspect(ready, gpus=g)
     seen = probe.seen.call().get(timeout=60)
     assert len(seen) == 2
-    for _, (level, records) in seen.items():
-        assert level == logging.ERROR
+    for point, (level, records) in seen.items():
+        assert level == logging.ERROR, point
         # the message starts with the worker actor's name, as Monarch's logs do in actors
         assert len(records) == 1
         head, _, message = records[0].partition("] ")
