@@ -114,7 +114,10 @@ def _warm_up_meta() -> None:
         except Exception:
             pass
 
-    threading.Thread(target=warm, name="monarch-meta-warmup", daemon=True).start()
+    # Not a daemon: the interpreter's exit waits for it. A daemon thread still inside the
+    # op when a short script ended was stopped by the exit while torch's C++ held the GIL
+    # released, and std::terminate aborted the process (exit status 134, no traceback).
+    threading.Thread(target=warm, name="monarch-meta-warmup", daemon=False).start()
 
 
 def single(base: Extent, rank: int) -> View:

@@ -24,6 +24,21 @@ def test_import_monarch_actor_does_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
+def test_a_script_that_ends_while_the_meta_warm_up_runs_exits_cleanly():
+    # The warm-up's first meta op takes seconds (torch imports torch._dynamo for it). As a
+    # daemon thread it was stopped inside that op by the interpreter's exit, and the
+    # process aborted: "terminate called without an active exception", status 134.
+    code = (
+        "import torch\n"
+        "from monarch.tensors.controller import _warm_up_meta\n"
+        "_warm_up_meta()\n"
+        "print('ending')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (0, "ending\n"), done.stderr
+    assert "terminate called" not in done.stderr
+
+
 def test_lazy_names_on_monarch_are_the_tensor_engine():
     from monarch.tensors.tensor import Tensor
 
