@@ -204,16 +204,10 @@ class ActorActivity:
 
     def begin(self, name: str, concurrent: bool, msg: Any) -> Call:
         """A call of endpoint ``name`` starts on this thread."""
-        return self.begin_at(name, concurrent, msg, _monotonic(), _get_ident())
-
-    def begin_at(self, name: str, concurrent: bool, msg: Any, now: float, thread: int) -> Call:
-        """:meth:`begin` given the clock's reading and the thread's ident: a pass that
-        starts one call after another on one thread (a group's call,
-        :mod:`monarch.actors.hosting.group_call`) reads them once for all, not twice a call."""
         ep = self.endpoints.get(name)
         if ep is None:
             ep = self.endpoints[name] = EndpointStats(name, concurrent)
-        call = Call(ep, msg, now, thread)
+        call = Call(ep, msg, _monotonic(), _get_ident())
         self.in_flight.add(call)
         return call
 
@@ -224,10 +218,7 @@ class ActorActivity:
         :func:`tell_later` once its reply is written (the record is off the
         reply's latency path); None: told now.
         """
-        self.end_at(call, ok, _monotonic(), later)
-
-    def end_at(self, call: Call, ok: bool, now: float, later: list[tuple] | None = None) -> None:
-        """:meth:`end` given the clock's reading (``now``: when the call ended)."""
+        now = _monotonic()
         self.in_flight.discard(call)
         ep = call.ep
         i = int((now - call.started) * 1_000_000).bit_length()

@@ -10,8 +10,7 @@ that once and leaves each actor only its own part, in rank order:
 
 * its lost-message check (:meth:`SequenceCheck.check_number`, per actor as always; the
   message's number is read once);
-* its activity record (begun and ended as in :meth:`Dispatch._invoke_async`, the clock
-  read once an actor and the thread once a pass);
+* its activity record (begun and ended as in :meth:`Dispatch._invoke_async`);
 * its endpoint's first step in its runner's task and context, as eager start does
   for a single call (:meth:`LoopRunner.step`): an endpoint that suspends is handed
   to its runner's task with the rest of its handling (:meth:`Dispatch._go_on_async`);
@@ -34,8 +33,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from threading import get_ident
-from time import monotonic
 from typing import TYPE_CHECKING, Any
 
 from nats.aio.msg import Msg
@@ -84,24 +81,17 @@ def handle_group_call(
     gathered: list[ActorInstance] = []  # plain replies, leaving as one message
     bodies: list[bytes] = []
     numbered = numbering(msg)  # the same for each actor: read once
-    thread = get_ident()
-    # When the next actor's call starts: the clock is read once an actor, at its call's end
-    # (what runs between two calls on the plain path, well under a microsecond, counts to
-    # the next one), and again after anything slower.
-    now = monotonic()
     for inst in members:
         runner: Any = inst._runner  # a LoopRunner: only all-async actors share a subject
         if inst._stopping or inst.failed is not None or not runner.ready_to_start():
             _deliver(inst, msg)  # the general path, at its turn
-            now = monotonic()
             continue
         if numbered is not None:
             hole = inst._sequence.check_number(*numbered)
             if hole is not None and inst._lost_before(msg, *hole):
-                now = monotonic()
                 continue  # refused, its caller told
         activity = inst.activity
-        call = activity.begin_at(name, False, msg, now, thread)
+        call = activity.begin(name, False, msg)
         try:
             coro, value = runner.step(_first_step, inst, method, args, kwargs)
             if coro is None:  # returned without suspending (the common case)
@@ -109,15 +99,12 @@ def handle_group_call(
         except BaseException as e:  # SystemExit, CancelledError too (as _invoke_async has them)
             activity.end(call, False)
             inst._respond(msg, *inst._failure(prop, e), prop, inst.rank)
-            now = monotonic()
         else:
             if coro is not None:  # suspended: the runner's task does the rest
                 rest = inst._go_on_async(prop, msg, call, Resume(coro, value))
                 runner.go_on(rest, runner.step(rest.send, None))
-                now = monotonic()
                 continue
-            now = monotonic()
-            activity.end_at(call, True, now)
+            activity.end(call, True)
             if merged:
                 reducer.add(inst, msg, body)
             elif stays_inline(len(body)) and len(body) <= max_payload and plain_msgpack(body):
@@ -125,11 +112,9 @@ def handle_group_call(
                 bodies.append(body)
             else:
                 inst._respond(msg, True, body, prop, inst.rank)
-                now = monotonic()
         if inst._stop_requested:
             inst._stop_requested = False
             inst._stop_soon()
-            now = monotonic()
     reducer.gather_all(msg, gathered, bodies)
     return True
 
