@@ -33,9 +33,16 @@ from nats.aio.msg import Msg
 from monarch.actors.errors import process_exit_reason
 from monarch.actors.meshes.shape import Extent
 from monarch.actors.messaging import messages as m
+from monarch.actors.procs.command_launcher import (
+    BootstrapCommand,
+    command_argv,
+    command_env,
+    command_from_wire,
+    prepare_child,
+)
 from monarch.actors.procs.launcher import popen_proc, proc_command, proc_env, reap_in_thread
+from monarch.actors.procs.proc_bind import ProcBind, parse_binds
 from monarch.broker.bodies.codec import dumps, loads
-from monarch.broker.connections._pdeathsig import child_dies_with_parent
 from monarch.broker.connections.registry import HOST_UID_ENV, HOSTS, PROCS, HostInfo, open_bucket
 from monarch.broker.natspy_internals.intake import subscribe_ordered
 from monarch.broker.vocabulary import subjects
@@ -115,6 +122,7 @@ class HostAgent:
             pid=os.getpid(),
             started_at=time.time(),
             heartbeat_interval=self.cfg.heartbeat_interval,
+            features=list(p.FEATURES),
         )
         self.hosts_kv = await open_bucket(self.nc, self.ns, HOSTS)
         self.procs_kv = await open_bucket(self.nc, self.ns, PROCS)
@@ -230,13 +238,16 @@ class HostAgent:
                 f"{self.capacity}; {len(procs)} more do not fit"
             )
         extent = Extent(spec["labels"], spec["sizes"])
+        binds = self._binds(spec.get("bind"))
+        commands = self._commands(spec.get("commands"), len(procs))
         started: dict[str, int] = {}
         try:
-            for uid, rank in procs:
+            for i, (uid, rank) in enumerate(procs):
                 subjects.check_token(uid, "proc uid")
-                child = Child(
-                    uid, self._popen(uid, spec, extent, rank), spec["owner"], spec["exits"]
-                )
+                bind = binds[rank % len(binds)] if binds else None
+                command = commands[i] if commands else None
+                popen = self._popen(uid, spec, extent, rank, command, bind)
+                child = Child(uid, popen, spec["owner"], spec["exits"])
                 self.children[uid] = child
                 reap_in_thread(child.popen, f"reaper-{uid}", functools.partial(self._reap, child))
                 started[uid] = child.popen.pid
@@ -248,7 +259,44 @@ class HostAgent:
         await self.watcher.watch(spec["owner"], self._owner_gone)
         return started
 
-    def _popen(self, uid: str, spec: dict, extent: Extent, rank: int) -> subprocess.Popen:
+    def _binds(self, dicts: Any) -> list[ProcBind] | None:
+        """The mesh's ``proc_bind``, checked against this machine before any proc starts."""
+        if dicts is None:
+            return None
+        if not isinstance(dicts, list) or not dicts:
+            raise ValueError(f"malformed proc_bind {dicts!r}")
+        binds = parse_binds(dicts, len(dicts))
+        for bind in binds:
+            bind.check_here()
+        return binds
+
+    def _commands(self, wire: Any, n: int) -> list[BootstrapCommand] | None:
+        """The client's bootstrap command for each proc, if it sent any.
+
+        With pickle allowed, whoever may spawn procs here may already make them run
+        any code (actors travel by cloudpickle): a command is no more. With
+        ``MONARCH_PICKLE=0`` the agent runs only importable code, so it refuses one.
+        """
+        if wire is None:
+            return None
+        if not self.cfg.pickle:
+            raise PermissionError(
+                f"host agent {self.name} runs with MONARCH_PICKLE=0 and starts procs only with "
+                "its own command; start it with the Python and environment the procs need"
+            )
+        if not isinstance(wire, list) or len(wire) != n:
+            raise ValueError(f"malformed bootstrap commands: {n} procs, got {wire!r}")
+        return [command_from_wire(c) for c in wire]
+
+    def _popen(
+        self,
+        uid: str,
+        spec: dict,
+        extent: Extent,
+        rank: int,
+        command: BootstrapCommand | None = None,
+        bind: ProcBind | None = None,
+    ) -> subprocess.Popen:
         env = proc_env(extent, rank)  # our environment, import path, rank and point
         env.update(spec.get("settings") or {})  # the job's MONARCH_* settings
         env.update(
@@ -264,11 +312,18 @@ class HostAgent:
             env["CUDA_VISIBLE_DEVICES"] = p.visible_device(
                 os.environ.get("CUDA_VISIBLE_DEVICES"), coord
             )
-        tie = functools.partial(child_dies_with_parent, os.getpid())
+        if command is None:
+            argv, program = proc_command(uid, spec["ready"]), None
+            if bind is not None and bind.numactl:
+                argv = bind.argv(argv)
+                program = argv[0]
+        else:
+            env = command_env(env, command)
+            argv, program = command_argv(command, uid, spec["ready"], bind)
         # its own session: a Ctrl-C at the agent's terminal is for the agent
-        return popen_proc(
-            proc_command(uid, spec["ready"]), env, tie if self.cfg.die_with_parent else None
-        )
+        tie = self.cfg.die_with_parent
+        prepare = functools.partial(prepare_child, os.getpid(), tie, bind) if tie or bind else None
+        return popen_proc(argv, env, prepare, executable=program)
 
     # -- ends -----------------------------------------------------------------------
 

@@ -20,9 +20,10 @@ from typing import Any
 
 from monarch.actors.errors import ProcStartError
 from monarch.actors.hosting.supervisor import supervisor_of
-from monarch.actors.meshes.shape import Extent
+from monarch.actors.meshes.shape import Extent, Point
 from monarch.actors.messaging import messages as m
 from monarch.actors.messaging.rpc import request_all
+from monarch.actors.procs.command_launcher import BootstrapCommand, BootstrapSpec, command_to_wire
 from monarch.actors.procs.launcher import ProcHandle
 from monarch.broker.bodies.codec import dumps, loads
 from monarch.broker.connections.registry import HostInfo
@@ -39,10 +40,20 @@ UNKNOWN_EXIT = -1
 class AgentLauncher:
     """Starts and stops one proc mesh's procs through the agents of ``hosts`` (loop only)."""
 
-    def __init__(self, rt: Runtime, hosts: list[HostInfo], per_host: int) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        hosts: list[HostInfo],
+        per_host: int,
+        *,
+        command: BootstrapSpec | None = None,
+        binds: list[dict[str, str]] | None = None,
+    ) -> None:
         self.rt = rt
         self.hosts = hosts  # host rank -> agent
         self.per_host = max(per_host, 1)
+        self.command = command  # the procs' bootstrap command (or a function of their point)
+        self.binds = binds  # proc_bind (parsed by the caller), checked and applied by each agent
         self.handles: dict[str, ProcHandle] = {}
         self._on_exit: Callable[[ProcHandle, int], None] | None = None
         self._port_id: int | None = None
@@ -57,6 +68,8 @@ class AgentLauncher:
         on_exit: Callable[[ProcHandle, int], None],
     ) -> list[ProcHandle]:
         rt = self.rt
+        self._check_features(len(uids))
+        commands = self._commands(extent, len(uids))  # a bad command fails here, before any start
         self._on_exit = on_exit
         self._port_id, exits = rt.open_port(self._on_exit_msg)
         handles = []
@@ -81,16 +94,17 @@ class AgentLauncher:
             "root": rt.root_uid,
             "settings": p.forwarded_settings(),
         }
-        requests = [
-            (
-                subjects.ctl_host(rt.namespace, host.uid),
-                dumps(
-                    {**spec, "procs": [[h.uid, h.rank] for h in handles if h.host_uid == host.uid]}
-                ),
-                {m.KIND: p.SPAWN},
+        if self.binds is not None:
+            spec["bind"] = self.binds
+        requests = []
+        for host in used:
+            mine = [h for h in handles if h.host_uid == host.uid]
+            body = {**spec, "procs": [[h.uid, h.rank] for h in mine]}
+            if commands is not None:
+                body["commands"] = [commands[h.rank] for h in mine]
+            requests.append(
+                (subjects.ctl_host(rt.namespace, host.uid), dumps(body), {m.KIND: p.SPAWN})
             )
-            for host in used
-        ]
         try:
             replies = await request_all(rt, requests, rt.settings.spawn_timeout, self._abort)
             for host, reply in zip(used, replies):
@@ -111,6 +125,42 @@ class AgentLauncher:
 
     def _host(self, h: ProcHandle) -> HostInfo:
         return self.hosts[h.rank // self.per_host]
+
+    def _check_features(self, n: int) -> None:
+        """Whether the agents of ``n`` procs take what this mesh asks of them.
+
+        An agent of an older version would start the procs its own way, unbound,
+        ignoring what it does not know: refused here instead, naming it.
+        """
+        asked = [
+            (what, feature)
+            for what, feature, given in (
+                ("proc_bind", "bind", self.binds is not None),
+                ("bootstrap_command", "command", self.command is not None),
+            )
+            if given
+        ]
+        used = {r // self.per_host: self.hosts[r // self.per_host] for r in range(n)}
+        for host in used.values():
+            for what, feature in asked:
+                if feature not in host.features:
+                    raise ProcStartError(
+                        f"host agent {host.name} ({host.uid}) cannot start procs with a "
+                        f"{what}: it runs an older monarch; upgrade it"
+                    )
+
+    def _commands(self, extent: Extent, n: int) -> list[dict[str, Any]] | None:
+        """Each proc's bootstrap command, as the agents take it; None: their default."""
+        if self.command is None:
+            return None
+        out = []
+        for rank in range(n):
+            cmd = self.command
+            cmd = cmd(Point(rank, extent)) if callable(cmd) else cmd
+            if not isinstance(cmd, BootstrapCommand):
+                raise TypeError(f"bootstrap_command gave {cmd!r}, not a BootstrapCommand")
+            out.append(command_to_wire(cmd))
+        return out
 
     # -- ends ------------------------------------------------------------------------
 

@@ -6,7 +6,12 @@ like a proc's control messages:
 
 ============  ===================================================================
 ``spawn``     body ``{"procs": [[uid, rank], ...], "labels", "sizes", "ready",
-              "exits", "owner", "root", "settings"}``; answer ``{uid: pid}``
+              "exits", "owner", "root", "settings"}``, and optionally
+              ``"bind"`` (the mesh's ``proc_bind`` dicts, one per proc of a host)
+              and ``"commands"`` (a bootstrap command per proc of ``procs``, as
+              :func:`~monarch.actors.procs.command_launcher.command_to_wire`
+              makes it), which only agents listing ``"bind"`` / ``"command"`` in
+              their registry entry's ``features`` take; answer ``{uid: pid}``
 ``kill``      body ``[uid, ...]``: SIGKILL those procs; answer ``[uid killed]``
 ``ping``      answer: the agent's registry entry
 ============  ===================================================================
@@ -24,6 +29,7 @@ from monarch.broker.connections.registry import HOST_UID_ENV
 from monarch.broker.vocabulary import headers as hdr
 
 SPAWN, KILL, PING, EXIT = "spawn", "kill", "ping", "exit"
+FEATURES = ["bind", "command"]  # what this version's spawn takes beyond the default
 PROC = hdr.PROC  # header of exit reports: the proc that ended
 
 

@@ -152,6 +152,12 @@ class WrapperProbe(Actor):
         return sorted(os.sched_getaffinity(0))
 
     @endpoint
+    def memory_policy(self) -> str:
+        """The proc's NUMA memory policy, as the kernel shows it: ``default``, ``bind:0``..."""
+        with open("/proc/self/numa_maps") as f:
+            return f.readline().split()[1]
+
+    @endpoint
     def argv0(self) -> str:
         with open("/proc/self/cmdline", "rb") as f:
             return f.read().split(b"\0")[0].decode()

@@ -11,6 +11,7 @@ test starts real procs (or real host agents) and checks what they report.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -127,11 +128,33 @@ def test_proc_bind_pins_each_proc_of_a_host_to_its_cpus(nats_url):
         procs.stop().get(timeout=60)
 
 
+def test_proc_bind_numa_keys_start_the_proc_under_numactl(nats_url):
+    if shutil.which("numactl") is None or not os.path.isdir("/sys/devices/system/node/node0"):
+        pytest.fail(
+            "this test needs numactl (Debian's package; .ci/run installs it) and NUMA node 0"
+        )
+    binds = [{"cpunodebind": "0", "membind": "0"}, {"membind": "0"}]
+    procs = this_host().spawn_procs(per_host={"gpus": 2}, proc_bind=binds, name="numa")
+    try:
+        got = procs.spawn("probe", WrapperProbe).memory_policy.call().get(timeout=60)
+        assert list(got.values()) == ["bind:0", "bind:0"]
+    finally:
+        procs.stop().get(timeout=60)
+
+
 def test_proc_bind_and_bootstrap_refusals_are_clear(nats_url):
     with pytest.raises(ValueError, match="must equal procs_per_host"):
         this_host().spawn_procs(per_host={"gpus": 2}, proc_bind=[{"cpus": "0"}])
-    with pytest.raises(NotImplementedError, match="NUMA"):
-        this_host().spawn_procs(per_host={"gpus": 1}, proc_bind=[{"membind": "0"}])
+    with pytest.raises(ValueError, match=r"NUMA node\(s\) \[63\], which .* does not have"):
+        this_host().spawn_procs(per_host={"gpus": 1}, proc_bind=[{"membind": "63"}])
+    with pytest.raises(ValueError, match=r"CPUs \[4000\] are not among the CPUs procs may use"):
+        this_host().spawn_procs(per_host={"gpus": 1}, proc_bind=[{"cpus": "4000"}])
+    with pytest.raises(ValueError, match="takes its CPUs as 'physcpubind'"):
+        this_host().spawn_procs(per_host={"gpus": 1}, proc_bind=[{"cpus": "0", "membind": "0"}])
+    with pytest.raises(ValueError, match="'0-x' is not a CPU list"):
+        this_host().spawn_procs(per_host={"gpus": 1}, proc_bind=[{"cpus": "0-x"}])
+    with pytest.raises(ValueError, match="unknown proc_bind key"):
+        this_host().spawn_procs(per_host={"gpus": 1}, proc_bind=[{"numa": "0"}])
     with pytest.raises(TypeError, match="bootstrap must be a function"):
         this_host().spawn_procs(per_host={"gpus": 1}, bootstrap="setup.sh")
 

@@ -43,3 +43,23 @@ def address_towards_broker() -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((u.hostname, u.port or 4222))
         return s.getsockname()[0]
+
+
+class HowStarted(Actor):
+    """Says how its proc was started: its CPUs, command line, Python, some environment."""
+
+    @endpoint
+    def how(self) -> dict:
+        with open("/proc/self/cmdline", "rb") as f:
+            argv = [a.decode() for a in f.read().split(b"\0") if a]
+        with open("/proc/self/numa_maps") as f:  # the memory policy: "default", "bind:0"...
+            policy = f.readline().split()[1]
+        return {
+            "cpus": sorted(os.sched_getaffinity(0)),
+            "memory_policy": policy,
+            "argv0": argv[0],
+            "mark": os.environ.get("HOW_MARK"),
+            "home": os.environ.get("HOME"),
+            "wrapper": os.environ.get("HOW_WRAPPER_PID"),
+            "host_uid": os.environ.get("MONARCH_HOST_UID"),
+        }

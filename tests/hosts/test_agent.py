@@ -116,6 +116,48 @@ def test_agent_refuses_what_exceeds_its_capacity_and_unknown_requests(nats_url):
         assert agent.stop() == 0
 
 
+def test_agent_refuses_malformed_bindings_and_commands_and_goes_on_serving(nats_url):
+    agent = start_agent("picky", "--labels", f"t={unique_label()}").wait_ready()
+    try:
+
+        async def ask():
+            nc = await nats.connect(nats_url)
+            try:
+                subject = f"mon.default.ctl.host.{agent.uid}"
+                spec = {"procs": [["p-a", 0]], "labels": ["gpus"], "sizes": [1],
+                        "ready": "mon.default.port.x.1", "exits": "mon.default.port.x.2",
+                        "owner": "client-x", "root": "client-x"}  # fmt: skip
+                bad = [
+                    {**spec, "bind": "cpus=0"},
+                    {**spec, "bind": [{"cpus": "zero"}]},
+                    {**spec, "commands": [{"program": "/bin/true", "args": "-c"}]},
+                    {**spec, "commands": [{"program": "/bin/true"}, {"program": "/bin/true"}]},
+                    {**spec, "commands": [{"program": "/bin/true", "shell": True}]},
+                ]
+                answers = [
+                    await nc.request(subject, dumps(b), timeout=10, headers={m.KIND: SPAWN})
+                    for b in bad
+                ]
+                ping = await nc.request(subject, b"", timeout=10, headers={m.KIND: PING})
+                return answers, ping
+            finally:
+                await nc.close()
+
+        answers, ping = run(ask())
+        errors = [
+            str(m.decode_error(a.data, actor_id=agent.uid, rank=None, endpoint="spawn").exception)
+            for a in answers
+        ]
+        assert [a.headers[m.KIND] for a in answers] == ["error"] * len(answers), errors
+        assert "malformed proc_bind" in errors[0]
+        assert "'zero' is not a CPU list" in errors[1]
+        assert all("malformed bootstrap command" in e for e in errors[2:3] + errors[4:]), errors
+        assert "1 procs" in errors[3]
+        assert ping.headers[m.KIND] == "ok" and loads(ping.data)["procs"] == []  # nothing started
+    finally:
+        assert agent.stop() == 0
+
+
 def test_agent_without_a_broker_says_so():
     agent = start_agent("nobroker", "--nats-url", "nats://127.0.0.1:9", "--connect-timeout", "0.5")
     assert agent.popen.wait(30) == 1

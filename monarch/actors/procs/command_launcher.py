@@ -15,12 +15,13 @@ import functools
 import os
 import sys
 from collections.abc import Callable
-from typing import Union
+from typing import Any, Union
 
 from monarch.actors.meshes.shape import Extent, Point
 from monarch.actors.procs.launcher import ProcHandle, proc_env, start_and_reap
 from monarch.actors.procs.launcher_thread import on_launcher_thread
 from monarch.actors.procs.local_launcher import LocalLauncher
+from monarch.actors.procs.proc_bind import ProcBind
 from monarch.broker.connections._pdeathsig import child_dies_with_parent
 from monarch.settings import settings
 
@@ -56,45 +57,65 @@ def default_bootstrap_cmd() -> BootstrapCommand:
     return BootstrapCommand(sys.executable, None, ["-m", "monarch.actors.hosting.proc"], {}, True)
 
 
-def _cpu_list(text: str) -> set[int]:
-    """``"0-3,8"`` (the kernel's and numactl's CPU-list format) as a set of CPUs."""
-    cpus: set[int] = set()
-    for part in str(text).replace(" ", "").split(","):
-        lo, _, hi = part.partition("-")
-        cpus.update(range(int(lo), int(hi or lo) + 1))
-    return cpus
+def command_argv(
+    cmd: BootstrapCommand, uid: str, ready: str, bind: ProcBind | None
+) -> tuple[list[str], str]:
+    """A proc's command line (its ``argv[0]`` as ``cmd`` says) and the program to execute,
+    under ``numactl`` when ``bind`` needs it."""
+    argv = [cmd.arg0 or cmd.program, *cmd.args, "--uid", uid, "--ready", ready]
+    if bind is None or not bind.numactl:
+        return argv, cmd.program
+    wrapped = bind.argv([cmd.program, *argv[1:]])  # numactl execs the program by its path
+    return wrapped, wrapped[0]
 
 
-def _check_binds(binds: list[dict[str, str]], per_host: int) -> list[set[int]]:
-    """``proc_bind`` as Monarch takes it: one dict per proc of a host; the CPUs of each."""
-    if len(binds) != per_host:
-        raise ValueError(f"proc_bind length ({len(binds)}) must equal procs_per_host ({per_host})")
-    out = []
-    for bind in binds:
-        numa = sorted(set(bind) & {"cpunodebind", "membind"})
-        if numa:
-            raise NotImplementedError(
-                f"proc_bind {numa} (NUMA binding) is not available in monarch over NATS yet: "
-                "bind CPUs with 'cpus' / 'physcpubind', or start procs under numactl with a "
-                "bootstrap_command"
-            )
-        unknown = sorted(set(bind) - {"cpus", "physcpubind"})
-        if unknown:
-            raise ValueError(f"unknown proc_bind key(s) {unknown}")
-        cpus = set()
-        for key in ("cpus", "physcpubind"):
-            if key in bind:
-                cpus |= _cpu_list(bind[key])
-        out.append(cpus)
-    return out
+def command_env(env: dict[str, str], cmd: BootstrapCommand) -> dict[str, str]:
+    """``env`` (the proc's own: rank, point, broker) with ``cmd``'s changes applied."""
+    if not cmd.inherit_env:
+        env = {k: v for k, v in env.items() if k.startswith("MONARCH_") or k == "PYTHONPATH"}
+    else:
+        env = dict(env)
+    for k, v in cmd.env.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
 
 
-def _start_child(me: int, tie: bool, cpus: set[int] | None) -> None:
-    """In the child before exec: die with this process (if asked), run on ``cpus``."""
+def command_to_wire(cmd: BootstrapCommand) -> dict[str, Any]:
+    """``cmd`` as plain msgpack, for a host agent (:func:`command_from_wire` there)."""
+    return dataclasses.asdict(cmd)
+
+
+def command_from_wire(data: Any) -> BootstrapCommand:
+    """A :class:`BootstrapCommand` sent by :func:`command_to_wire`; ValueError if malformed."""
+    try:
+        cmd = BootstrapCommand(**data)
+    except TypeError as e:
+        raise ValueError(f"malformed bootstrap command {data!r}: {e}") from None
+    if (
+        not isinstance(cmd.program, str)
+        or not cmd.program
+        or not (cmd.arg0 is None or isinstance(cmd.arg0, str))
+        or not isinstance(cmd.args, list)
+        or not all(isinstance(a, str) for a in cmd.args)
+        or not isinstance(cmd.env, dict)
+        or not all(
+            isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in cmd.env.items()
+        )
+        or not isinstance(cmd.inherit_env, bool)
+    ):
+        raise ValueError(f"malformed bootstrap command {data!r}")
+    return cmd
+
+
+def prepare_child(me: int, tie: bool, bind: ProcBind | None) -> None:
+    """In the child before exec: die with this process (if asked), run on its CPUs."""
     if tie:
         child_dies_with_parent(me)
-    if cpus:
-        os.sched_setaffinity(0, cpus)
+    if bind is not None:
+        bind.in_child()
 
 
 class CommandLauncher(LocalLauncher):
@@ -102,14 +123,15 @@ class CommandLauncher(LocalLauncher):
 
     The default launcher forks procs from a warm template process (the zygote),
     which runs this Python; a proc with its own command, or bound to CPUs
-    (``binds``: the CPUs of each proc of a host), is started afresh.
+    (``binds``: each proc of a host's, :mod:`monarch.actors.procs.proc_bind`), is
+    started afresh.
     """
 
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
         command: BootstrapSpec | None,
-        binds: list[set[int]] | None = None,
+        binds: list[ProcBind] | None = None,
     ) -> None:
         super().__init__(loop)
         self.command = command or default_bootstrap_cmd()
@@ -121,17 +143,6 @@ class CommandLauncher(LocalLauncher):
         if not isinstance(cmd, BootstrapCommand):
             raise TypeError(f"bootstrap_command gave {cmd!r}, not a BootstrapCommand")
         return cmd
-
-    def _env(self, cmd: BootstrapCommand, extent: Extent, rank: int) -> dict[str, str]:
-        env = proc_env(extent, rank)
-        if not cmd.inherit_env:
-            env = {k: v for k, v in env.items() if k.startswith("MONARCH_") or k == "PYTHONPATH"}
-        for k, v in cmd.env.items():
-            if v is None:
-                env.pop(k, None)
-            else:
-                env[k] = v
-        return env
 
     async def launch(
         self,
@@ -146,14 +157,16 @@ class CommandLauncher(LocalLauncher):
 
         def start_all() -> None:
             for h, cmd in zip(handles, cmds):
+                bind = self._bind(h.rank)
+                argv, program = command_argv(cmd, h.uid, ready_subject, bind)
                 start_and_reap(
                     h,
-                    [cmd.arg0 or cmd.program, *cmd.args, "--uid", h.uid, "--ready", ready_subject],
-                    self._env(cmd, extent, h.rank),
-                    functools.partial(_start_child, me, tie, self._cpus(h.rank)),
+                    argv,
+                    command_env(proc_env(extent, h.rank), cmd),
+                    functools.partial(prepare_child, me, tie, bind),
                     self.loop,
                     on_exit,
-                    executable=cmd.program,
+                    executable=program,
                 )
 
         # On the launcher's one long-lived thread, as the default launcher does: the
@@ -161,7 +174,7 @@ class CommandLauncher(LocalLauncher):
         await on_launcher_thread(self.loop, start_all)
         return handles
 
-    def _cpus(self, rank: int) -> set[int] | None:
+    def _bind(self, rank: int) -> ProcBind | None:
         # The per-host dimensions come last in a proc mesh: rank % per-host is the
         # proc's index on its host.
         return self.binds[rank % len(self.binds)] if self.binds else None

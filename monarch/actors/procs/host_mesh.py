@@ -11,8 +11,9 @@ A ``HostMesh`` travels as a reference (an endpoint argument or return value,
 alone or inside any picklable value); only the mesh ``attach_to_workers``
 returned, unsliced, is *owned* and may be shut down. On this machine procs
 can be started with a command other than the default (:class:`~monarch.actors.procs.command_launcher.BootstrapCommand`,
-``with_python_executable``) and bound to CPUs (``proc_bind``); host agents
-start theirs with their own Python, unbound.
+``with_python_executable``) and bound to CPUs and NUMA nodes (``proc_bind``,
+:mod:`monarch.actors.procs.proc_bind`), on this machine and through host agents
+alike.
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ from monarch.actors.procs.command_launcher import (
     _PYTHON_ENV,
     BootstrapSpec,
     CommandLauncher,
-    _check_binds,
     _python_command,
 )
 from monarch.actors.procs.launcher import AgentLauncherFactory
 from monarch.actors.procs.local_launcher import LocalLauncher
+from monarch.actors.procs.proc_bind import parse_binds
 from monarch.actors.procs.proc_mesh import ProcMesh, owned_by_caller
 from monarch.actors.procs.proc_mesh_ref import set_this_host
 from monarch.actors.procs.proc_mesh_state import ProcMeshState
@@ -159,7 +160,9 @@ class HostMesh(MeshShapeOps):
         (a :class:`BootstrapCommand`, or a function of each proc's ``Point``
         returning one) starts procs of this machine with another command.
         ``proc_bind`` (one dict per proc of a host) binds each proc to CPUs
-        (keys ``cpus``, ``physcpubind``; NUMA keys raise NotImplementedError).
+        (keys ``cpus``, ``physcpubind``) or NUMA nodes (``cpunodebind``,
+        ``membind``: started under ``numactl``), on this machine or through the
+        host agents; a binding the host cannot give fails the mesh, naming why.
         ``bootstrap`` (a function of no arguments, sync or ``async``) runs on
         each proc before any actor is spawned there (environment variables,
         say, before CUDA starts); if it raises, ``initialized`` and every spawn
@@ -181,9 +184,10 @@ class HostMesh(MeshShapeOps):
         command = bootstrap_command
         if command is None and self._python is not None:
             command = _python_command(self._python)
-        binds = None
+        binds, bind_dicts = None, None
         if proc_bind is not None:
-            binds = _check_binds(list(proc_bind), math.prod(per_host.values()))
+            bind_dicts = list(proc_bind)
+            binds = parse_binds(bind_dicts, math.prod(per_host.values()))
         host_extent = self._view.extent
         extent = Extent(
             host_extent.labels + list(per_host), host_extent.sizes + list(per_host.values())
@@ -196,19 +200,17 @@ class HostMesh(MeshShapeOps):
                     f"{socket.gethostname()!r}): starting procs on another machine needs a host "
                     "agent there (`monarch host`, then attach_to_workers)"
                 )
+            for bind in binds or ():
+                bind.check_here()
             launcher: Any = (
                 LocalLauncher(rt.loop)
                 if command is None and binds is None
                 else CommandLauncher(rt.loop, command, binds)
             )
-        else:
-            if command is not None or binds is not None:
-                raise NotImplementedError(
-                    "host agents start procs with their own Python and command, unbound: start "
-                    "the agent (`monarch host`) with the Python, environment and CPUs the procs "
-                    "need"
-                )
-            launcher = self._agent_launcher(rt, self.hosts, math.prod(per_host.values()))
+        else:  # each agent checks the binding against its own machine
+            launcher = self._agent_launcher(
+                rt, self.hosts, math.prod(per_host.values()), command=command, binds=bind_dicts
+            )
         setup = encode_body(bootstrap, readers=extent.nelements) if bootstrap is not None else None
         state = ProcMeshState(rt, name, extent, launcher, bootstrap=setup)
         state.hosts, state.procs_per_host = self, math.prod(per_host.values())
@@ -225,7 +227,7 @@ class HostMesh(MeshShapeOps):
         return self._copy(view=view, owned=False)
 
     def with_python_executable(self, python_executable: str) -> HostMesh:
-        """A copy of this mesh whose procs start with ``python_executable`` (this machine only).
+        """A copy of this mesh whose procs start with ``python_executable`` (a path on each host).
 
         Procs started from it pass it on: ``this_host().spawn_procs()`` inside
         them uses it too.

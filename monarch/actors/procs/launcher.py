@@ -20,7 +20,7 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from monarch.actors.meshes.shape import Extent
 from monarch.core.process_runtime import current_runtime_or_none
@@ -94,8 +94,9 @@ class Launcher(Protocol):
         ...
 
 
-# (runtime, the host agents of the mesh by host rank, procs per host) -> a Launcher
-AgentLauncherFactory = Callable[[Any, list[Any], int], Launcher]
+# (runtime, the host agents of the mesh by host rank, procs per host, command=the procs'
+# BootstrapSpec or None, binds=the proc_bind dicts or None) -> a Launcher
+AgentLauncherFactory = Callable[..., Launcher]
 
 
 def proc_command(uid: str, ready: str) -> list[str]:

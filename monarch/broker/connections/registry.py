@@ -54,6 +54,9 @@ class HostInfo:
     pid: int = 0
     started_at: float = 0.0  # time.time() on the agent's machine
     heartbeat_interval: float = 0.5  # how often it beats: how long silence means absence
+    # What its spawn requests may ask beyond the default (an older agent lists none):
+    # "bind" (proc_bind), "command" (a client's bootstrap command).
+    features: list[str] = field(default_factory=list)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
