@@ -148,3 +148,12 @@ class AwaitsWhileItsChildFails(Actor):
             pass
         await asyncio.sleep(300)
         return "returned"
+
+
+def slow_failing_bootstrap() -> None:
+    """A proc mesh's ``bootstrap`` that fails after a second: spawns asked for meanwhile
+    wait for a start that then fails."""
+    import time
+
+    time.sleep(1.0)
+    raise RuntimeError("no scratch disk on this proc")

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from monarch.actor import ActorError, MeshFailure, SupervisionError, this_host
+from monarch.actor import ActorError, MeshFailure, SpawnError, SupervisionError, this_host
 from tests.helpers import proc_mesh_fixture, wait_until
 from tests.supervision.failure_actors import (
     AsyncFatal,
@@ -25,6 +25,7 @@ from tests.supervision.failure_actors import (
     Relay,
     SuperviseExits,
     SyncFatal,
+    slow_failing_bootstrap,
 )
 from tests.supervision.sup_actors import Owner
 
@@ -203,3 +204,22 @@ def test_an_async_owner_that_leaves_a_child_failure_unhandled_fails_its_callers_
         owner.fail_child_then_wait.call_one().get(timeout=60)
     failures = root_faults.wait(1)
     assert any(f.mesh_name == "impatient" for f in failures)
+
+
+def test_a_mesh_on_procs_that_never_started_raises_at_its_calls_and_the_hook_hears_nothing(
+    nats_url, root_faults
+):
+    # As in Monarch 0.7 (checked with a script: procs with a missing program, an actor
+    # spawned and called on them): no actor was made, so none failed; the call raises
+    # why the procs did not start and the client runs on. The actor mesh is asked for
+    # before the start fails (its bootstrap takes a second) and another one after.
+    pm = this_host().spawn_procs(per_host={"gpus": 2}, bootstrap=slow_failing_bootstrap)
+    try:
+        early = pm.spawn("early", Leaf)
+        with pytest.raises(SpawnError, match="no scratch disk on this proc"):
+            early.boom.call("x").get(timeout=60)
+        with pytest.raises(SpawnError, match="no scratch disk on this proc"):
+            pm.spawn("late", Leaf)
+        assert not wait_until(lambda: root_faults.failures, timeout=2)
+    finally:
+        pm.stop().get(timeout=60)

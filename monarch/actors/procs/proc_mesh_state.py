@@ -294,6 +294,14 @@ class ProcMeshState:
         the actor at rank ``i * per_proc + j`` lives on the proc at position ``i``)."""
         try:
             await asyncio.shield(self.ready)
+        except BaseException as e:
+            # The procs never started: no actor was made, none failed. The mesh's calls
+            # raise why, as a spawn after the start failed does (ProcMesh._spawn), and
+            # nothing is reported to supervision: Monarch 0.7's spawn on such a mesh
+            # raises at the call and leaves its client running.
+            mesh_state.mark_failed(spawn_error(mesh_state.name, 0, e))
+            return
+        try:
             if self.stopping:
                 raise MeshStoppedError(f"`ProcMesh` has already been stopped ({self.name!r})")
             # A slow __init__ on live procs is waited for; the first to fail fails it all.
