@@ -24,6 +24,7 @@ from monarch.actor import (
     this_host,
     this_proc,
 )
+from tests.actors import flood_actors
 from tests.actors.api_actors import (
     Concurrent,
     ControllerUser,
@@ -33,6 +34,7 @@ from tests.actors.api_actors import (
     Replier,
     Spawner,
 )
+from tests.actors.flood_actors import Counted, Sender
 from tests.helpers import proc_mesh_fixture, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,6 +89,20 @@ def test_port_exception_raises_at_recv(procs):
     replier.tell_error.broadcast(port, "missing")
     with pytest.raises(KeyError, match="missing"):
         receiver.recv().get(timeout=30)
+
+
+def test_port_values_are_read_when_asked_for_not_when_they_arrive(procs):
+    # A value is unpickled by the recv() that takes it: a flood of arrivals costs its reader
+    # no decoding until it asks (Monarch's grpo_yield.py stalled when the reader's loop
+    # decoded every arrival first: tests/actors/test_port_flood.py).
+    port, receiver = Channel.open()
+    procs.spawn("counted", Sender).slice(gpus=0).send_counted.call_one(port, 40).get(timeout=60)
+    assert wait_until(lambda: len(receiver._arrived) == 40, timeout=30)
+    assert flood_actors.UNPICKLED == []
+    assert receiver.recv().get(timeout=30) == Counted(0)
+    assert flood_actors.UNPICKLED == [0]
+    assert [receiver.recv().get(timeout=30).i for _ in range(39)] == list(range(1, 40))
+    assert flood_actors.UNPICKLED == list(range(40))
 
 
 def test_ranked_channel_gives_sender_ranks(procs):

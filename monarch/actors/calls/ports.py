@@ -120,7 +120,8 @@ class PortReceiver(Generic[R]):
         self._rt = rt
         self._once = once
         self._ranked = ranked
-        self._arrived: collections.deque = collections.deque()  # (ok, rank, value)
+        # (ok, rank, value), or a message as it arrived, read when asked for
+        self._arrived: collections.deque = collections.deque()
         self._waiting: collections.deque[Future] = collections.deque()
         self._closed = False
         self._raw: collections.deque = collections.deque()  # arrived, not yet taken
@@ -157,6 +158,15 @@ class PortReceiver(Generic[R]):
     def _take(self, msg: Any) -> None:
         if self._closed:
             return
+        if self._waiting:
+            self._complete(self._waiting.popleft(), *self._read(msg))
+        else:  # read when asked for: a flood of arrivals must not starve their reader
+            self._arrived.append(msg)
+        if self._once:
+            self.close()
+
+    def _read(self, msg: Any) -> tuple[bool, int, Any]:
+        """``(ok, rank, value or exception)`` of an arrived message."""
         headers = msg.headers or {}
         try:
             # a ranked receiver reports the rank within the slice a message went to
@@ -173,7 +183,7 @@ class PortReceiver(Generic[R]):
                     value = value.exception  # Port.exception(e) makes recv() raise e itself
         except Exception as e:
             ok, value = False, e
-        self._deliver(ok, rank, value)
+        return ok, rank, value
 
     def _deliver(self, ok: bool, rank: int, value: Any) -> None:
         if self._once:
@@ -195,7 +205,8 @@ class PortReceiver(Generic[R]):
 
         def take() -> None:
             if self._arrived:
-                self._complete(fut, *self._arrived.popleft())
+                item = self._arrived.popleft()
+                self._complete(fut, *(item if type(item) is tuple else self._read(item)))
             else:
                 self._waiting.append(fut)
 
