@@ -59,6 +59,15 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool
     return predicate()
 
 
+def cpu_binds() -> tuple[list[int], list[dict[str, str]]]:
+    """This machine's CPUs, and a ``proc_bind`` for two procs of a host: the first CPU
+    (``cpus``), the first two (``physcpubind``). Fails the test on a one-CPU machine."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.fail("this test needs a machine with two CPUs or more")
+    return cpus, [{"cpus": str(cpus[0])}, {"physcpubind": f"{cpus[0]}-{cpus[1]}"}]
+
+
 def signal_storm(popen: Any, sig: int, limit: float = 20.0) -> tuple[int, int]:
     """Send ``sig`` to ``popen`` again and again until it exits: (its exit code, signals sent).
 
@@ -244,5 +253,7 @@ def run_client(tmp_path: Any, body: str, timeout: float = 90.0, **env: str) -> t
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
         out, err = p.communicate(timeout=10)
-        raise AssertionError(f"client script did not finish in {timeout} s:\n{out}\n{err}") from None
+        raise AssertionError(
+            f"client script did not finish in {timeout} s:\n{out}\n{err}"
+        ) from None
     return p.returncode, out, err

@@ -36,7 +36,7 @@ from tests.actors.ref_actors import (
     mark_bootstrapped,
     mark_bootstrapped_async,
 )
-from tests.helpers import pid_alive, proc_mesh_fixture
+from tests.helpers import cpu_binds, pid_alive, proc_mesh_fixture
 from tests.hosts.agents import start_agent, unique_label
 
 # -- is_fake_in_process ----------------------------------------------------------------
@@ -116,10 +116,7 @@ def test_bootstrap_command_not_a_command_fails_the_mesh(nats_url):
 
 
 def test_proc_bind_pins_each_proc_of_a_host_to_its_cpus(nats_url):
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        pytest.fail("this test needs a machine with two CPUs or more")
-    binds = [{"cpus": str(cpus[0])}, {"physcpubind": f"{cpus[0]}-{cpus[1]}"}]
+    cpus, binds = cpu_binds()
     procs = this_host().spawn_procs(per_host={"gpus": 2}, proc_bind=binds, name="bound")
     try:
         got = procs.spawn("probe", WrapperProbe).affinity.call().get(timeout=60)

@@ -13,6 +13,7 @@ import pytest
 
 from monarch.actor import ProcStartError, attach_to_workers
 from monarch.actors.procs.command_launcher import BootstrapCommand, default_bootstrap_cmd
+from tests.helpers import cpu_binds
 from tests.hosts.agents import start_agent, unique_label
 from tests.hosts.host_actors import HowStarted
 
@@ -41,10 +42,7 @@ def _how(hosts, **spawn) -> list[dict]:
 
 
 def test_proc_bind_through_an_agent_pins_cpus(agent):
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        pytest.fail("this test needs a machine with two CPUs or more")
-    binds = [{"cpus": str(cpus[0])}, {"physcpubind": f"{cpus[0]}-{cpus[1]}"}]
+    cpus, binds = cpu_binds()
     hosts = attach_to_workers(workers=[agent.uid], timeout=30)
     got = _how(hosts, per_host={"gpus": 2}, proc_bind=binds, name="bound")
     assert {g["host_uid"] for g in got} == {agent.uid}  # the agent started them, not we
