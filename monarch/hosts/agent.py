@@ -38,9 +38,10 @@ from monarch.actors.procs.command_launcher import (
     command_argv,
     command_env,
     command_from_wire,
+    default_bootstrap_cmd,
     prepare_child,
 )
-from monarch.actors.procs.launcher import popen_proc, proc_command, proc_env, reap_in_thread
+from monarch.actors.procs.launcher import popen_proc, proc_env, reap_in_thread
 from monarch.actors.procs.proc_bind import ProcBind, parse_binds
 from monarch.broker.bodies.codec import dumps, loads
 from monarch.broker.connections.registry import HOST_UID_ENV, HOSTS, PROCS, HostInfo, open_bucket
@@ -312,14 +313,9 @@ class HostAgent:
             env["CUDA_VISIBLE_DEVICES"] = p.visible_device(
                 os.environ.get("CUDA_VISIBLE_DEVICES"), coord
             )
-        if command is None:
-            argv, program = proc_command(uid, spec["ready"]), None
-            if bind is not None and bind.numactl:
-                argv = bind.argv(argv)
-                program = argv[0]
-        else:
+        if command is not None:
             env = command_env(env, command)
-            argv, program = command_argv(command, uid, spec["ready"], bind)
+        argv, program = command_argv(command or default_bootstrap_cmd(), uid, spec["ready"], bind)
         # its own session: a Ctrl-C at the agent's terminal is for the agent
         tie = self.cfg.die_with_parent
         prepare = functools.partial(prepare_child, os.getpid(), tie, bind) if tie or bind else None
