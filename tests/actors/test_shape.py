@@ -54,6 +54,44 @@ def test_flatten_rename_split():
         v.split(gpus={"a": 3, "b": 2})
 
 
+def test_split_takes_monarchs_form_names_then_sizes_of_new_dimensions():
+    # Monarch's MeshTrait.split: dim=(new names), new_name=size; one size per dim inferred
+    v = View.full(GRID)
+    assert v.split(gpus=("pair", "lane"), lane=2) == v.split(gpus={"pair": 2, "lane": -1})
+    both = v.split(hosts=("dp", "pp"), gpus=("tp", "cp"), pp=2, cp=4)
+    assert both.extent == Extent(["dp", "pp", "tp", "cp"], [1, 2, 1, 4])
+    assert both.ranks == v.ranks  # row-major order kept
+    assert v.split(gpus=("g",)).extent == Extent(["hosts", "g"], [2, 4])
+    for kwargs, message in [
+        ({"gpus": ("a", "b")}, "cannot infer the sizes of both 'a' and 'b'"),
+        (
+            {"gpus": ("a", "b"), "a": 3},
+            r"not evenly divided by \('a', 'b'\) with sizes \(3, '\?'\)",
+        ),
+        ({"gpus": ("a", "b"), "a": 2, "c": 1}, r"unused size constraints: \('c',\)"),
+        ({"gpus": "ab"}, "expects a sequence of dimension names"),
+        ({"gpus": ("hosts", "b"), "b": 2}, "duplicate dimension name 'hosts'"),
+        ({"gpus": ("a", "b"), "a": 0}, "must be a positive int"),
+        ({"x": 2}, r"unused size constraints: \('x',\)"),
+        ({"x": (1, 2)}, r"'x' is not an existing dim"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            v.split(**kwargs)
+
+
+def test_len_of_every_mesh_counts_its_members(grid):
+    # Monarch's len(mesh) (MeshTrait.__len__): host, proc, actor and value meshes alike
+    assert len(this_host()) == 1
+    assert len(grid) == 4 and len(grid.slice(hosts=1)) == 2 and len(grid.flatten("x")) == 4
+    mesh = grid.spawn("counted", Echo)
+    assert len(mesh) == 4 and len(mesh.slice(gpus=0)) == 2
+    assert len(mesh.whoami.call().get(timeout=30)) == 4
+    with pytest.raises(
+        KeyError, match=r"no dimension 'cpus' in mesh with dimensions \['hosts', 'gpus'\]"
+    ):
+        grid.size("cpus")
+
+
 def test_value_mesh_shape_operations():
     vm = ValueMesh(View.full(GRID), list(range(8)))
     assert vm.item(hosts=1, gpus=2) == 6

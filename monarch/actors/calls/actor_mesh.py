@@ -107,9 +107,6 @@ class ActorMesh(MeshShapeOps, Generic[A]):
         self._endpoint_cache[name] = ep
         return ep
 
-    def __len__(self) -> int:
-        return len(self._view)
-
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name!r} of {self._class_name} {self._view.extent!r}>"
 

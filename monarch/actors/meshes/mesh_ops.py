@@ -32,14 +32,21 @@ class MeshShapeOps:
         """The dimension names (Monarch's ``MeshTrait._labels``, which its own docs use)."""
         return list(self._view.extent.labels)
 
+    def __len__(self) -> int:
+        """Number of members (hosts, procs, actors), as Monarch's ``len(mesh)``."""
+        return len(self._view)
+
     def size(self, dim: str | list[str] | None = None) -> int:
         """Number of members, in total or along the given dimension(s)."""
         if dim is None:
             return self._view.extent.nelements
         dims = [dim] if isinstance(dim, str) else dim
+        extent = self._view.extent
         total = 1
         for d in dims:
-            total *= self._view.extent[d]
+            if d not in extent:
+                raise KeyError(f"no dimension {d!r} in mesh with dimensions {extent.labels}")
+            total *= extent[d]
         return total
 
     def slice(self, **selectors: int | slice) -> Any:

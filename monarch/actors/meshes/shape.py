@@ -208,30 +208,72 @@ class View:
         new = [names.get(label, label) for label in labels]
         return View(Extent(new, self.extent.sizes), self.base, self.ranks)
 
-    def split(self, **splits: Mapping[str, int] | Sequence[tuple[str, int]]) -> View:
-        """Split a dimension in two or more, e.g. ``split(gpus={'node': 2, 'local': 4})``.
+    def split(self, **kwargs: Sequence[str] | Mapping[str, int] | int) -> View:
+        """Split dimensions into several, as Monarch's ``MeshTrait.split``.
 
-        One size may be -1 and is then inferred.
+        ``split(hosts=("dp", "pp"), gpus=("tp", "cp"), pp=16, cp=2)``: an existing
+        dimension becomes the named ones (outermost first); a new dimension's size is
+        given as an integer, and one per split dimension may be left out, to be
+        inferred. ``split(gpus={"node": 2, "local": -1})`` (names to sizes, -1 inferred)
+        says the same in one argument. Row-major order is kept, so ranks do not move.
         """
-        labels, sizes = [], []
-        for label, size in zip(self.extent.labels, self.extent.sizes):
-            if label not in splits:
-                labels.append(label)
-                sizes.append(size)
+        labels = self.extent.labels
+        into: dict[str, list[str]] = {}
+        sizes: dict[str, int] = {}  # of new dimensions, as given
+        for key, value in kwargs.items():
+            if key not in labels:
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise ValueError(
+                        f"{key!r} is not an existing dim. Expected an integer size "
+                        f"constraint on a new dim (dimensions: {labels})"
+                    )
+                sizes[key] = value
                 continue
-            parts = dict(splits[label])
-            known = math.prod(v for v in parts.values() if v != -1)
-            parts = {k: (size // known if v == -1 else v) for k, v in parts.items()}
-            if math.prod(parts.values()) != size:
-                raise ValueError(f"cannot split dimension {label!r} of size {size} into {parts}")
-            labels.extend(parts)
-            sizes.extend(parts.values())
-        for label in splits:
-            if label not in self.extent:
-                raise KeyError(
-                    f"no dimension {label!r} in mesh with dimensions {self.extent.labels}"
+            if isinstance(value, (list, tuple)) and value and all(type(v) is tuple for v in value):
+                value = dict(value)  # (name, size) pairs
+            if isinstance(value, Mapping):
+                into[key] = list(value)
+                sizes.update((k, v) for k, v in value.items() if v != -1)
+            elif isinstance(value, (str, int)) or not isinstance(value, Sequence):
+                raise ValueError(
+                    f"split({key}=...) expects a sequence of dimension names, got {value!r}"
                 )
-        return View(Extent(labels, sizes), self.base, self.ranks)
+            else:
+                into[key] = list(value)
+        for name, size in sizes.items():
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(f"size of dimension {name!r} must be a positive int, got {size!r}")
+        new_labels: list[str] = []
+        new_sizes: list[int] = []
+        for label, size in zip(labels, self.extent.sizes):
+            names = into.get(label, [label])
+            known, unknown = 1, None
+            for name in names:
+                if name in sizes:
+                    known *= sizes[name]
+                elif unknown is None:
+                    unknown = name
+                else:
+                    raise ValueError(
+                        f"cannot infer the sizes of both {unknown!r} and {name!r} from "
+                        f"dimension {label!r}: give one, e.g. {name}=2"
+                    )
+            if unknown is not None and size % known == 0:
+                sizes[unknown] = size // known
+            elif unknown is not None or known != size:
+                given = tuple(sizes.get(n, "?") for n in names)
+                raise ValueError(
+                    f"dimension {label!r} of size {size} is not evenly divided by "
+                    f"{tuple(names)!r} with sizes {given!r}"
+                )
+            for name in names:
+                if name in new_labels:
+                    raise ValueError(f"duplicate dimension name {name!r}")
+                new_labels.append(name)
+                new_sizes.append(sizes.pop(name))
+        if sizes:
+            raise ValueError(f"unused size constraints: {tuple(sizes)}")
+        return View(Extent(new_labels, new_sizes), self.base, self.ranks)
 
     # -- addressing -------------------------------------------------------
 
