@@ -25,7 +25,6 @@ def main() -> None:
     args, script_args = parser.parse_known_args()
 
     procs = this_host().spawn_procs(per_host={"gpus": args.procs})
-    procs.logging_option(aggregate_window_sec=None)  # every rank's lines, as they come
     trainers = procs.spawn("_SPMDActor", SPMDActor)
     # The first proc hosts the rendezvous (torchrun's rank 0): its host and a free port.
     addr, port = trainers.slice(gpus=0).get_host_port.call_one(None).get()

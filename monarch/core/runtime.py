@@ -121,6 +121,11 @@ class Runtime(PortsAndControl):
         self._sync_publish: Publisher | None = None
         # Threads' own writes to the broker's socket while the outbox is empty (connect()).
         self._direct_write: DirectWrite | None = None
+        # Output of this proc (its forwarded prints) queued to leave, and how to send it:
+        # it leaves before any other message, so a line printed before a reply arrives
+        # before it (set by monarch.actors.hosting.log_forwarding; loop only).
+        self.output_waiting = False
+        self.flush_output: Callable[[], None] | None = None
         # Stops this process's runtime and all it started; set by whoever started
         # it (the client bootstrap), called once by shutdown_runtime().
         self.stop_process: Callable[[], None] | None = None
@@ -265,6 +270,7 @@ class Runtime(PortsAndControl):
             or subject.startswith(self._own_port_prefix)
             or subject == self._own_ctl
             or self.busy_poll.window
+            or self.output_waiting  # prints wait: the loop sends them first
         ):
             return False
         return direct.try_write(subject, payload, reply, headers, self._outbox_empty)
@@ -312,6 +318,8 @@ class Runtime(PortsAndControl):
         if subject == self._own_ctl:
             self._on_ctl(LocalMsg(subject, payload, reply, headers))
             return
+        if self.output_waiting and self.flush_output is not None:
+            self.flush_output()  # prints made before this message leave before it
         if headers and WAIT_HEADER in headers:  # its answer comes over the network, soon
             self.busy_poll.poke()
         if (

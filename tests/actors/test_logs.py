@@ -56,7 +56,7 @@ def printer(procs):
 
 def test_print_from_sync_endpoint_reaches_client_with_actor_and_rank(procs, printer, capsys):
     # Applied when it returns; what it returns is awaitable too, as Monarch's coroutine is
-    done = procs.logging_option(aggregate_window_sec=None)
+    done = procs.logging_option(stream_to_client=True, aggregate_window_sec=None)
     assert inspect.isawaitable(done) and done.get(timeout=5) is None
     printer.slice(gpus=2).say.call_one("hello from a proc").get(timeout=30)
     cap = Captured(capsys)
@@ -68,7 +68,7 @@ def test_print_from_sync_endpoint_reaches_client_with_actor_and_rank(procs, prin
 
 
 def test_stderr_reaches_client_stderr(procs, printer, capsys):
-    procs.logging_option(aggregate_window_sec=None)
+    procs.logging_option(stream_to_client=True)
     printer.slice(gpus=3).say_err.call_one("something odd").get(timeout=30)
     cap = Captured(capsys)
     cap.wait_for("[printer[3]] something odd\n", where="err")
@@ -76,14 +76,14 @@ def test_stderr_reaches_client_stderr(procs, printer, capsys):
 
 
 def test_print_outside_actor_context_is_prefixed_with_proc_uid(procs, printer, capsys):
-    procs.logging_option(aggregate_window_sec=None)
+    procs.logging_option(stream_to_client=True)
     printer.slice(gpus=1).say_from_thread.call_one("from a bare thread").get(timeout=30)
     out = Captured(capsys).wait_for("from a bare thread")
     assert re.search(r"^\[logged-[0-9a-f]+-1\] from a bare thread$", out, re.M), out
 
 
 def test_logging_records_arrive_with_level_and_level_filters(procs, printer, capsys):
-    procs.logging_option(aggregate_window_sec=None, level=logging.WARNING)
+    procs.logging_option(stream_to_client=True, level=logging.WARNING)
     one = printer.slice(gpus=1)
     one.info.call_one("quiet detail").get(timeout=30)
     one.warn.call_one("careful now").get(timeout=30)
@@ -93,7 +93,7 @@ def test_logging_records_arrive_with_level_and_level_filters(procs, printer, cap
     me = "[actor=<root>.<tests.actors.actors_for_tests.Printer printer{'gpus': 1/4}>]"
     assert f"[printer[1]] WARNING monarch.actor.printer: {me} careful now\n" in err
     assert "quiet detail" not in err  # sent before the warning, so it would be here by now
-    procs.logging_option(aggregate_window_sec=None, level=logging.INFO)
+    procs.logging_option(stream_to_client=True, level=logging.INFO)
     one.info.call_one("now audible").get(timeout=30)
     err = cap.wait_for("now audible", where="err")
     assert f"[printer[1]] INFO monarch.actor.printer: {me} now audible\n" in err
@@ -101,7 +101,7 @@ def test_logging_records_arrive_with_level_and_level_filters(procs, printer, cap
 
 
 def test_identical_lines_from_many_ranks_fold_into_one(procs, printer, capsys):
-    procs.logging_option(aggregate_window_sec=3)
+    procs.logging_option(stream_to_client=True, aggregate_window_sec=3)
     printer.say.call("loss 0.5").get(timeout=30)
     printer.say.call("step", rank_suffix=True).get(timeout=30)
     cap = Captured(capsys)
@@ -127,7 +127,7 @@ def test_stream_to_client_false_keeps_output_on_the_procs(nats_url, capfd, monke
         printer = pm.spawn("printer", Printer)
         pm.logging_option(stream_to_client=False)
         printer.say.call("kept local").get(timeout=30)
-        pm.logging_option(aggregate_window_sec=None)
+        pm.logging_option(stream_to_client=True)
         printer.say.call("streamed again").get(timeout=30)
         cap = Captured(capfd)
         cap.wait_for("[printer[0]] streamed again\n")
@@ -141,6 +141,7 @@ def test_stream_to_client_false_keeps_output_on_the_procs(nats_url, capfd, monke
 
 def test_lines_printed_just_before_stop_are_not_lost(nats_url, capsys):
     pm = this_host().spawn_procs(per_host={"gpus": 4}, name="brief")
+    pm.logging_option(stream_to_client=True, aggregate_window_sec=3)  # lines wait in a window
     printer = pm.spawn("printer", Printer, farewell="goodbye from cleanup")
     printer.say.call("warming up").get(timeout=30)
     printer.say.broadcast("last words")
@@ -149,6 +150,45 @@ def test_lines_printed_just_before_stop_are_not_lost(nats_url, capsys):
     assert "[4 similar log lines] warming up\n" in out
     assert "[4 similar log lines] last words\n" in out
     assert "[4 similar log lines] goodbye from cleanup\n" in out
+
+
+def test_a_new_proc_mesh_prints_each_line_before_the_reply_of_the_call_that_printed_it(
+    nats_url, capsys
+):
+    # In Monarch 0.7 procs write to the terminal they inherited, so a line an endpoint
+    # printed is there before its call returns. Ours stream it, and send it before the reply.
+    pm = this_host().spawn_procs(per_host={"gpus": 2}, name="prompt")
+    try:
+        sync, loop = pm.spawn("printer", Printer), pm.spawn("aprinter", AsyncPrinter)
+        cap = Captured(capsys)
+        for i in range(5):  # faster than the forwarder's FLUSH_DELAY: the reply pushes them out
+            sync.slice(gpus=1).say.call_one(f"sync line {i}").get(timeout=30)
+            assert cap.read().out.endswith(f"[printer[1]] sync line {i}\n"), cap.out
+            loop.slice(gpus=0).say_async.call_one(f"loop line {i}").get(timeout=30)
+            assert cap.read().out.endswith(f"[aprinter[0]] loop line {i}\n"), cap.out
+        sync.say.call("both ranks").get(timeout=30)
+        assert sorted(cap.read().out.splitlines()[-2:]) == [
+            "[printer[0]] both ranks",
+            "[printer[1]] both ranks",
+        ]
+    finally:
+        pm.stop().get(timeout=30)
+
+
+def test_logging_option_defaults_are_monarchs(procs, printer, capfd):
+    # logging_option() is Monarch 0.7's: stream_to_client=False, no window; a window
+    # without streaming is Monarch's RuntimeError
+    with pytest.raises(RuntimeError, match="cannot set aggregate window without streaming"):
+        procs.logging_option(aggregate_window_sec=3)
+    try:
+        procs.logging_option()
+        printer.slice(gpus=0).say.call_one("stays with the proc").get(timeout=30)
+        procs.logging_option(stream_to_client=True)
+        printer.slice(gpus=0).say.call_one("streamed").get(timeout=30)
+        out = Captured(capfd).wait_for("[printer[0]] streamed\n")
+        assert "] stays with the proc" not in out  # the client printed no prefixed copy
+    finally:
+        procs.logging_option(stream_to_client=True)
 
 
 def test_logging_option_rejects_bad_values(procs):

@@ -256,7 +256,6 @@ def test_host_mesh_stream_logs_is_true_and_procs_output_reaches_the_client(nats_
     assert hosts.stream_logs is True
     procs = hosts.spawn_procs(per_host={"gpus": 1}, name="streamed")
     try:
-        procs.logging_option(aggregate_window_sec=None).get(timeout=30)
         procs.spawn("says", Says).say.call("streamed to the client").get(timeout=60)
         deadline = time.monotonic() + 30
         out = ""

@@ -93,7 +93,6 @@ def test_2x2_mesh_gets_torch_elastic_env_with_hosts_as_groups(nats_url):
 def test_flat_mesh_runs_script_as_torchrun_worker_with_output_forwarded(nats_url, tmp_path, capsys):
     pm = this_host().spawn_procs(per_host={"procs": 4}, name="spmdflat")
     try:
-        pm.logging_option(aggregate_window_sec=None)
         actors, addr, port = spmd_on(pm)
         script = str(SCRIPTS / "env_dump.py")
         result = actors.main.call(addr, port, [script, str(tmp_path), "--lr", "0.1"]).get(

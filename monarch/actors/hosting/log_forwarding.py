@@ -8,8 +8,11 @@ and ``sys.stderr`` with line-buffered writers and puts one handler on the root
 logger in place of ``logging.basicConfig``'s stderr handler. Each complete
 line, written from any thread, is tagged with the actor whose code wrote it
 (:func:`~monarch.actors.calls.context.context`) and queued; queued lines leave within
-``FLUSH_DELAY`` seconds, in the order they were written, as messages on
-``mon.<ns>.log.<proc-uid>``::
+``FLUSH_DELAY`` seconds, or before anything else this proc sends (the runtime asks,
+:attr:`~monarch.core.runtime.Runtime.output_waiting`), in the order they were
+written, as messages on ``mon.<ns>.log.<proc-uid>``. So a line an endpoint prints
+reaches the client before the call's reply, as a line written to a terminal would
+be there before the reply in Monarch::
 
     Mon-Kind: log   Mon-Stream: stdout|stderr|log   Mon-From: <actor id or proc uid>   Mon-Rank
     body: {"lines": [...], "actor": name, "actor_id": id, "rank": int, "point": "{'gpus': 1/4}",
@@ -45,7 +48,8 @@ STREAM = hdr.STREAM
 """Header naming the stream a log message's lines came from: stdout, stderr or log."""
 
 FLUSH_DELAY = 0.05
-"""Seconds a proc holds complete lines before publishing them as one message."""
+"""Seconds a proc holds complete lines (unless it sends something else) before publishing
+them as one message."""
 
 _BATCH_CHARS = 64 * 1024  # start a new message beyond this many characters of lines
 _RECORD_FORMAT = "%(levelname)s %(name)s: %(message)s"
@@ -86,6 +90,7 @@ def install_forwarding(rt: Runtime) -> None:
     root.setLevel(min(internal_level, logging.INFO))
     sys.stdout = fw.writers["stdout"]
     sys.stderr = fw.writers["stderr"]
+    rt.flush_output = fw.flush
     rt.on_close(fw.close)
     _forwarder = fw
 
@@ -160,6 +165,7 @@ class _Forwarder:
                         self._batches.append(batch)
                     batch.lines.append(line)
                     batch.chars += len(line)
+                self.rt.output_waiting = True  # they leave before this proc's next message
                 arm, self._armed = not self._armed, True
             if arm:
                 self.rt.call_soon(self._arm)
@@ -179,6 +185,7 @@ class _Forwarder:
             self._timer = None
         with self._lock:
             batches, self._batches, self._armed = self._batches, [], False
+            self.rt.output_waiting = False
         nc = self.rt.nc
         can_publish = self.forwarding and nc is not None and not nc.is_closed
         for b in batches:
@@ -233,6 +240,7 @@ class _Forwarder:
     def _drain_local(self) -> None:
         with self._lock:
             batches, self._batches, self._armed = self._batches, [], False
+            self.rt.output_waiting = False
         for b in batches:
             self._write_local(b.stream, b.lines)
 

@@ -7,12 +7,16 @@ log subjects before they start, and prints each line to the client's
 ``sys.stdout`` (stdout lines) or ``sys.stderr`` (stderr lines and log records)
 prefixed with the actor and rank (``[trainers[2]] loss 0.5``), or with the proc
 uid for lines from outside actors. :class:`LogMode` is what
-``ProcMesh.logging_option`` sets; its defaults are Monarch's: stream to the
-client, aggregate over 3-second windows, show records of level INFO and up.
-With a window, identical lines (same text and stream) seen within it print
-once when it closes, as ``[4 similar log lines] loss 0.5``; a line seen once
-prints as usual, with its prefix. Unlike Monarch, which groups lines by edit
-distance, only identical lines are folded.
+``ProcMesh.logging_option`` sets. A new proc mesh streams to the client,
+prints each line as it arrives, and shows records of level INFO and up: in
+Monarch 0.7 procs write to the terminal they inherited (log forwarding is off
+by default), so their lines show at once, in step with the client's own;
+streaming them here does the same for procs on other machines too, and in a
+notebook, whose cells do not show what is written to file descriptor 1.
+With a window (``aggregate_window_sec``), identical lines (same text and
+stream) seen within it print once when it closes, as ``[4 similar log lines]
+loss 0.5``; a line seen once prints as usual, with its prefix. Unlike
+Monarch, which groups lines by edit distance, only identical lines are folded.
 """
 from __future__ import annotations
 
@@ -36,17 +40,18 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class LogMode:
-    """What ``ProcMesh.logging_option`` sets; the defaults are Monarch's.
+    """What ``ProcMesh.logging_option`` sets; the defaults are the mode a new proc mesh starts in.
 
     ``stream_to_client``: print the procs' output at the client (else each
-    proc keeps it on its own stdout/stderr). ``aggregate_window_sec``: fold
-    identical lines seen within this many seconds into one; ``None`` prints
-    each line as it arrives. ``level``: log records below it are not shown
-    (prints are never filtered).
+    proc keeps it on its own stdout/stderr: for procs on this machine, the
+    terminal the client started in). ``aggregate_window_sec``: fold identical
+    lines seen within this many seconds into one; ``None`` prints each line as
+    it arrives. ``level``: log records below it are not shown (prints are
+    never filtered).
     """
 
     stream_to_client: bool = True
-    aggregate_window_sec: float | None = 3
+    aggregate_window_sec: float | None = None
     level: int = logging.INFO
 
     def __post_init__(self) -> None:
@@ -55,6 +60,11 @@ class LogMode:
         w = self.aggregate_window_sec
         if w is not None and (isinstance(w, bool) or not isinstance(w, (int, float)) or w <= 0):
             raise ValueError(f"aggregate_window_sec must be a positive number or None, got {w!r}")
+        if w is not None and not self.stream_to_client:  # Monarch's error, word for word
+            raise RuntimeError(
+                "cannot set aggregate window without streaming to client "
+                f"(aggregate_window_sec={w!r} needs stream_to_client=True)"
+            )
         lv = self.level
         if isinstance(lv, bool) or not isinstance(lv, int) or not 0 <= lv <= 255:
             raise ValueError(f"invalid logging level {lv!r}: use an int from 0 to 255")

@@ -196,18 +196,21 @@ class ProcMesh(MeshShapeOps):
 
     def logging_option(
         self,
-        stream_to_client: bool = True,
-        aggregate_window_sec: int | None = 3,
+        stream_to_client: bool = False,
+        aggregate_window_sec: int | None = None,
         level: int = logging.INFO,
     ) -> Future[None]:
         """How the procs' stdout, stderr and log records reach this client (as in Monarch).
 
         Lines print here prefixed with actor and rank; with a window, identical
-        lines from many ranks print once as ``[N similar log lines] text``.
-        Records below ``level`` are dropped; ``stream_to_client=False`` keeps
-        output on each proc's own streams. The defaults are also the mode a
-        new proc mesh starts in. Applies to the whole proc mesh; blocks until
-        its procs have applied it. See :mod:`monarch.actors.procs.log_collection`.
+        lines from many ranks print once as ``[N similar log lines] text``
+        (a window without ``stream_to_client=True`` is a ``RuntimeError``, as in
+        Monarch). Records below ``level`` are dropped; ``stream_to_client=False``
+        keeps output on each proc's own streams (for procs on this machine, the
+        client's terminal). The defaults are Monarch 0.7's; a new proc mesh
+        starts streaming to the client, each line as it arrives. Applies to the
+        whole proc mesh; blocks until its procs have applied it. See
+        :mod:`monarch.actors.procs.log_collection`.
         Returns a done future: Monarch's is a coroutine (``await pm.logging_option(...)``),
         and a script written for it awaits the result.
         """
