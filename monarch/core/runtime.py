@@ -319,7 +319,7 @@ class Runtime(PortsAndControl):
             self._on_ctl(LocalMsg(subject, payload, reply, headers))
             return
         if self.output_waiting and self.flush_output is not None:
-            self.flush_output()  # prints made before this message leave before it
+            self._flush_output()  # prints made before this message leave before it
         if headers and WAIT_HEADER in headers:  # its answer comes over the network, soon
             self.busy_poll.poke()
         if (
@@ -334,6 +334,12 @@ class Runtime(PortsAndControl):
         if self._batch:  # earlier messages wait there: they leave first
             self._flush_batch()
         self._publish_now(subject, payload, reply, headers, on_error)
+
+    def _flush_output(self) -> None:
+        try:
+            self.flush_output()  # type: ignore[misc]
+        except Exception:  # the message that asked goes on regardless
+            log.exception("could not send this proc's waiting output")
 
     def _add_to_batch(self, subject: str, payload: bytes, headers: dict[str, str]) -> None:
         if self._batch and subject != self._batch_subject:

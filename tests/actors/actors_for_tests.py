@@ -124,6 +124,25 @@ class AsyncPrinter(Actor):
         print(text)
 
 
+class TwoThreadPrinter(Actor):
+    """Prints numbered lines from two threads at once (log forwarding's order)."""
+
+    @endpoint
+    def race(self, n: int) -> int:
+        """A thread prints ``seq 0`` to ``seq n-1`` while this one prints ``ep 0``,
+        ``ep 1``, ... until it ends; returns how many ``ep`` lines it printed."""
+        import threading
+
+        t = threading.Thread(target=lambda: [print(f"seq {i}") for i in range(n)])
+        t.start()
+        k = 0
+        while t.is_alive():
+            print(f"ep {k}")
+            k += 1
+        t.join()
+        return k
+
+
 class Printer(Actor):
     """Writes to stdout, stderr and logging from its endpoints (log forwarding tests)."""
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from monarch.actor import this_host
-from tests.actors.actors_for_tests import AsyncPrinter, Printer
+from tests.actors.actors_for_tests import AsyncPrinter, Printer, TwoThreadPrinter
 from tests.helpers import proc_mesh_fixture
 
 
@@ -173,6 +173,24 @@ def test_a_new_proc_mesh_prints_each_line_before_the_reply_of_the_call_that_prin
         ]
     finally:
         pm.stop().get(timeout=30)
+
+
+def test_lines_of_each_thread_arrive_in_the_order_printed_while_they_race(procs, capsys):
+    # Two threads of one actor print numbered lines as fast as they can: the loop sends
+    # queued lines before anything else, and a flush that finds more lines queued while it
+    # sends leaves them for the next one, so no line overtakes an earlier one of its thread.
+    procs.logging_option(stream_to_client=True)
+    racer = procs.slice(gpus=0).spawn("racer", TwoThreadPrinter)
+    cap = Captured(capsys)
+    for _ in range(3):
+        eps = racer.race.call_one(20_000).get(timeout=120)
+        cap.wait_for(f"[racer[0]] ep {eps - 1}\n")
+        cap.wait_for("] seq 19999\n")  # a bare thread's lines carry the proc's uid
+        lines = [x.split("] ", 1)[1] for x in cap.read().out.splitlines() if "] " in x]
+        for name, count in (("seq", 20_000), ("ep", eps)):
+            got = [int(x.split()[1]) for x in lines if x.startswith(f"{name} ")]
+            assert got == list(range(count)), f"{name} lines out of order or missing"
+        cap.out = ""
 
 
 def test_logging_option_defaults_are_monarchs(procs, printer, capfd):

@@ -137,6 +137,7 @@ class _Forwarder:
         self._batches: list[_Batch] = []
         self._armed = False  # a flush is scheduled or about to be
         self._timer: asyncio.TimerHandle | None = None
+        self._flushing = False
         self._reentry = threading.local()
 
     def active(self) -> bool:
@@ -180,6 +181,15 @@ class _Forwarder:
 
     def flush(self) -> None:
         """Publish everything queued (loop only)."""
+        if self._flushing:  # called again by its own publish (another thread queued more):
+            return  # those lines wait for the next flush, so none overtakes the ones sent now
+        self._flushing = True
+        try:
+            self._flush()
+        finally:
+            self._flushing = False
+
+    def _flush(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
