@@ -121,9 +121,10 @@ class Runtime(PortsAndControl):
         self._sync_publish: Publisher | None = None
         # Threads' own writes to the broker's socket while the outbox is empty (connect()).
         self._direct_write: DirectWrite | None = None
-        # Output of this proc (its forwarded prints) queued to leave, and how to send it:
-        # it leaves before any other message, so a line printed before a reply arrives
-        # before it (set by monarch.actors.hosting.log_forwarding; loop only).
+        # Output of this proc (its forwarded prints) queued to leave, and how to send it
+        # (loop only): it leaves before any other message, so a line printed before a
+        # reply arrives before it. Set by monarch.actors.hosting.log_forwarding, the
+        # flag from whichever thread printed.
         self.output_waiting = False
         self.flush_output: Callable[[], None] | None = None
         # Stops this process's runtime and all it started; set by whoever started

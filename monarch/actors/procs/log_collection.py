@@ -60,7 +60,7 @@ class LogMode:
         w = self.aggregate_window_sec
         if w is not None and (isinstance(w, bool) or not isinstance(w, (int, float)) or w <= 0):
             raise ValueError(f"aggregate_window_sec must be a positive number or None, got {w!r}")
-        if w is not None and not self.stream_to_client:  # Monarch's error, word for word
+        if w is not None and not self.stream_to_client:  # Monarch's error, in its words
             raise RuntimeError(
                 "cannot set aggregate window without streaming to client "
                 f"(aggregate_window_sec={w!r} needs stream_to_client=True)"

@@ -21,11 +21,14 @@ pyverbs is a compiled extension of the *system* python (Debian's
 is not importable from this interpreter, :func:`import_pyverbs` loads that
 copy, but only if its extension modules are built for this interpreter's
 ABI (their file names end in this interpreter's ``SOABI``); it never adds
-the whole system dist-packages to ``sys.path``.
+the whole system dist-packages to ``sys.path``. Debian's pyverbs calls
+``logging.basicConfig`` as it loads; :func:`import_pyverbs` undoes that, so the
+process's logging stays as its user set it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.util
@@ -36,7 +39,7 @@ import sys
 import sysconfig
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -54,6 +57,31 @@ Exchange = Callable[[BufferHandle, dict], dict]
 
 def import_pyverbs() -> ModuleType | None:
     """pyverbs (with ``device``, ``pd``, ``mr``, ``cq``, ``qp``, ``wr``, ``addr``, ``enums``), or None."""
+    with _root_logger_kept():
+        return _import_pyverbs()
+
+
+@contextlib.contextmanager
+def _root_logger_kept() -> Iterator[None]:
+    """Put the root logger's handlers and level back as they were.
+
+    Loading Debian's pyverbs calls ``logging.basicConfig``: in a client that had
+    not configured logging, the root logger would gain a stderr handler at level
+    INFO (our own INFO records would start to print, and the user's later
+    ``basicConfig`` would do nothing).
+    """
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        for h in list(root.handlers):
+            if h not in handlers:
+                root.removeHandler(h)
+        root.setLevel(level)
+
+
+def _import_pyverbs() -> ModuleType | None:
     try:
         pv = importlib.import_module("pyverbs")
     except ImportError:
