@@ -127,6 +127,7 @@ class Runtime(PortsAndControl):
         # flag from whichever thread printed.
         self.output_waiting = False
         self.flush_output: Callable[[], None] | None = None
+        self._closing = False
         # Stops this process's runtime and all it started; set by whoever started
         # it (the client bootstrap), called once by shutdown_runtime().
         self.stop_process: Callable[[], None] | None = None
@@ -156,6 +157,7 @@ class Runtime(PortsAndControl):
         await subscribe_ordered(self.nc, subjects.ctl_proc(ns, self.proc_uid), self._on_ctl, poke)
 
     async def close(self) -> None:
+        self._closing = True  # the broker connection's end is expected from now on
         for closer in reversed(self._closers):
             try:
                 res = closer()
@@ -202,7 +204,8 @@ class Runtime(PortsAndControl):
         log.warning("NATS error on %s: %s", self.proc_uid, e)
 
     async def _on_disconnected(self) -> None:
-        log.info("%s disconnected from the broker", self.proc_uid)
+        level = logging.DEBUG if self._closing else logging.INFO  # closing: nothing to report
+        log.log(level, "%s disconnected from the broker", self.proc_uid)
         for listener in list(self.connection_listeners):
             listener(False)
 

@@ -4,6 +4,7 @@ one thread its sync endpoints run on."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -252,3 +253,28 @@ def test_spawn_refuses_sync_endpoints_with_an_async_hook(procs, cls, hook):
     with pytest.raises(ValueError, match=f"has sync endpoints, but an async {hook}") as info:
         procs.spawn("refused", cls)
     assert "sync: ['ping']" in str(info.value)
+
+
+def test_a_script_logging_at_info_sees_no_record_of_ours_when_it_ends_normally():
+    # The client's end closes its broker connection; that disconnect is expected, so it
+    # is not reported at INFO (Monarch 0.7 prints nothing here either). A lost broker is.
+    script = """
+import logging
+logging.basicConfig(level=logging.INFO)
+from monarch.actor import this_host
+from tests.actors.actors_for_tests import Echo
+pm = this_host().spawn_procs(per_host={"gpus": 2})
+print(list(pm.spawn("echo", Echo).ping.call(7).get(timeout=60).values()))
+pm.stop().get(timeout=60)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[7, 7]"
+    assert "disconnected from the broker" not in done.stderr, done.stderr
