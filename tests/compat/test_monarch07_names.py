@@ -29,6 +29,16 @@ def test_src_aliases_are_our_public_classes():
     assert issubclass(TracingForwarder, logging.Handler)
 
 
+def test_monarchs_module_paths_of_public_names_import():
+    # user code imports some names from the modules Monarch 0.7 defines them in
+    import monarch
+    from monarch.actor.concurrent import concurrent_endpoint
+    from monarch.fetch import fetch_shard, inspect, show
+
+    assert concurrent_endpoint is public.concurrent_endpoint
+    assert (fetch_shard, inspect, show) == (monarch.fetch_shard, monarch.inspect, monarch.show)
+
+
 def test_spawn_tensor_engine_gives_a_device_mesh_whose_exit_keeps_the_procs(nats_url):
     """rapid_spawn_exit_stress.py's loop: spawn_tensor_engine, compute, exit(), again."""
     import torch
