@@ -42,6 +42,10 @@ _public_api = {
     "world_mesh": "monarch.unsupported",
     "grad_generator": "monarch.unsupported",
     "grad_function": "monarch.unsupported",
+    "RemoteProcessGroup": "monarch.unsupported",
+    "Simulator": "monarch.unsupported",
+    "set_meta": "monarch.unsupported",
+    "mast_reserve": "monarch.unsupported",
 }
 # Names that are modules of this package (``monarch.timer.ExecutionTimer``).
 _submodules = {"timer": "monarch.timer", "builtins": "monarch.builtins"}

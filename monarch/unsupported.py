@@ -81,3 +81,37 @@ def grad_generator(*args: Any, **kwargs: Any) -> NoReturn:
 def grad_function(*args: Any, **kwargs: Any) -> NoReturn:
     """Monarch's helper for grad_generator; not built."""
     _missing("grad_function", _GRADS)
+
+
+class RemoteProcessGroup(metaclass=_MissingType):
+    """Monarch's handle to a torch process group over some mesh dimensions; not built here."""
+
+    _why = (
+        "collectives of the tensor engine here are monarch.reduce / reduce_ over mesh "
+        "dimensions (or torch.distributed inside an actor, monarch.spmd sets it up)"
+    )
+
+
+_SIMULATOR = (
+    "Monarch's simulator of the tensor engine is not built; run the same code on real "
+    "procs of this machine (this_host().spawn_procs(per_host={'gpus': n}), CPU tensors)"
+)
+
+
+def Simulator(*args: Any, **kwargs: Any) -> NoReturn:  # noqa: N802 - Monarch's name
+    """Monarch's tensor-engine simulator; not built."""
+    _missing("Simulator", _SIMULATOR)
+
+
+def set_meta(*args: Any, **kwargs: Any) -> NoReturn:
+    """A setting of Monarch's simulator; not built."""
+    _missing("set_meta", _SIMULATOR)
+
+
+def mast_reserve(*args: Any, **kwargs: Any) -> NoReturn:
+    """Monarch's reservation of hosts on Meta's MAST scheduler; not built."""
+    _missing(
+        "mast_reserve",
+        "it reserves hosts on Meta's internal MAST scheduler; get hosts with monarch.job "
+        "(SlurmJob, KubernetesJob, ProcessJob) or attach_to_workers",
+    )

@@ -56,6 +56,10 @@ MONARCH_NAMES = [
     "grad_function",
     "grad_generator",
     "world_mesh",
+    "RemoteProcessGroup",  # Monarch 0.7's; function_resolvers is not here (docs/support.md)
+    "Simulator",
+    "set_meta",
+    "mast_reserve",
     "timer",
     "builtins",
 ]
@@ -166,6 +170,10 @@ def test_execution_timer_stop_without_start_says_so():
         (lambda: monarch.world_mesh(None, [], 1), "spawn_procs"),
         (lambda: monarch.grad_generator(None), "backward"),
         (lambda: monarch.grad_function(None), "backward"),
+        (lambda: monarch.RemoteProcessGroup(None, ("gpus",)), "monarch.reduce"),
+        (lambda: monarch.Simulator(hosts=1, gpus=2), "spawn_procs"),
+        (lambda: monarch.set_meta(True), "spawn_procs"),
+        (lambda: monarch.mast_reserve(), "monarch.job"),
     ],
 )
 def test_unbuilt_names_raise_not_implemented_saying_why(use, hint):
