@@ -109,6 +109,12 @@ class Settings(BrokerSettings):
         "to take the client's hello (its settings) before the attach fails naming it; read "
         "when attaching (Monarch's mesh_attach_config_timeout).",
     )
+    rdma_allow_tcp_fallback: bool = Field(
+        True,
+        description="Whether an RDMABuffer may be made where there is no RDMA hardware (its "
+        "transfers then use same-host copies or TCP); False: RDMABuffer() raises RuntimeError "
+        "there. Monarch's key of the same name; read when a buffer is made.",
+    )
     zygote: bool = Field(
         True, description="Fork procs from a pre-imported template process (fast spawns)."
     )

@@ -203,7 +203,6 @@ INERT: dict[str, Any] = {
     "process_exit_timeout": "10s",
     "process_memory_metric_interval": "5m",
     "pyspy_bin": "",
-    "rdma_allow_tcp_fallback": True,
     "rdma_cq_poller_per_device": True,
     "rdma_disable_ibverbs": False,
     "rdma_host_odp": False,

@@ -40,7 +40,7 @@ _SECRETS = ("nats_token", "nats_password", "nats_job_key")
 # Settings the runtime does not fix when it starts: each use reads the current
 # value (attach_to_workers reads attach_timeout when called), so they may change
 # while it runs.
-_READ_WHEN_USED = frozenset({"attach_timeout"})
+_READ_WHEN_USED = frozenset({"attach_timeout", "rdma_allow_tcp_fallback"})
 
 
 def configure(**kwargs: Any) -> None:

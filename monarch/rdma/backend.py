@@ -3,7 +3,9 @@
 Monarch's answers, in Monarch's words: ``get_rdma_backend()`` is
 ``"ibverbs"`` (RDMA hardware), ``"tcp"`` (its fallback) or ``"none"``;
 ``is_ibverbs_available()`` says whether RDMA hardware is usable;
-``is_rdma_available()`` is deprecated and means the same.
+``is_rdma_available()`` is deprecated and means the same. As in Monarch,
+``monarch.configure(rdma_allow_tcp_fallback=False)`` makes a host without
+RDMA hardware answer ``"none"``, and ``RDMABuffer()`` raise there.
 
 Here every fallback is ``"tcp"`` to Monarch's API, although the fallback
 between processes of one host is a direct memory copy (``same_host``),
@@ -17,6 +19,7 @@ import warnings
 
 from monarch.rdma.transports import best_available
 from monarch.rdma.transports.ibverbs import status
+from monarch.settings import Settings
 
 
 def monarch_name(transport: str) -> str:
@@ -55,7 +58,18 @@ def get_rdma_backend() -> str:
     transport = best_available()
     if transport == "ibverbs" and not is_ibverbs_available():
         return "none"
+    if not fallback_allowed():
+        return "none"
     return monarch_name(transport)
+
+
+def fallback_allowed() -> bool:
+    """Whether buffers may be made here: RDMA hardware, or the fallback allowed.
+
+    ``monarch.configure(rdma_allow_tcp_fallback=False)`` (``MONARCH_RDMA_ALLOW_TCP_FALLBACK``,
+    which procs started afterwards inherit) disallows it, as Monarch's key does.
+    """
+    return Settings.read("rdma_allow_tcp_fallback") or is_ibverbs_available()
 
 
 def get_rdma_transport() -> str:

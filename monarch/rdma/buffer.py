@@ -35,7 +35,7 @@ from typing import Any
 from monarch.broker.bodies.ext import register_ext
 from monarch.core.future import Future
 from monarch.rdma import transfer
-from monarch.rdma.backend import monarch_name
+from monarch.rdma.backend import fallback_allowed, monarch_name
 from monarch.rdma.handle import BufferHandle
 from monarch.rdma.memory import as_memory
 from monarch.rdma.owner import current_owner, local_owner
@@ -55,12 +55,20 @@ class RDMABuffer:
 
         Raises UnsupportedMemoryError (a ValueError, as in Monarch, and a
         TypeError) for anything but a 1-D contiguous tensor (CPU or CUDA),
-        a 1-D contiguous memoryview of bytes, a bytearray or bytes, and
-        ValueError for size 0.
+        a 1-D contiguous memoryview of bytes, a bytearray or bytes,
+        ValueError for size 0, and RuntimeError, as Monarch, where there is no
+        RDMA hardware and ``monarch.configure(rdma_allow_tcp_fallback=False)``.
         """
         memory = as_memory(data, "RDMABuffer data")
         if memory.size == 0:
             raise ValueError("cannot create an RDMABuffer of size 0")
+        if not fallback_allowed():  # Monarch's error and words
+            raise RuntimeError(
+                "Tried to create an RDMABuffer, but RDMA is not available on this platform "
+                "(no ibverbs RDMA hardware, and rdma_allow_tcp_fallback is False). To enable "
+                "TCP fallback transport, call monarch.configure(rdma_allow_tcp_fallback=True) "
+                "before creating buffers."
+            )
         self._handle = local_owner().register(memory)
 
     @classmethod

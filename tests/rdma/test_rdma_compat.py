@@ -363,6 +363,34 @@ def test_backend_names_are_monarchs(nats_url, monkeypatch):
         buf.drop()
 
 
+def test_without_rdma_hardware_rdma_allow_tcp_fallback_false_refuses_buffers_here_and_in_procs(
+    nats_url,
+):
+    # Monarch's key: without ibverbs, get_rdma_backend() is "none" and RDMABuffer() raises
+    # RuntimeError; procs started meanwhile inherit it; set back, buffers work again.
+    if is_ibverbs_available():
+        pytest.skip("this machine has RDMA hardware: the fallback is never needed")
+    from monarch import configured
+    from monarch.actor import this_host
+    from tests.rdma.rdma_actors import BufferOwner
+
+    refused = "RDMA is not available on this platform .*rdma_allow_tcp_fallback=True"
+    with configured(rdma_allow_tcp_fallback=False) as config:
+        assert config["rdma_allow_tcp_fallback"] is False
+        assert get_rdma_backend() == "none"
+        with pytest.raises(RuntimeError, match=refused):
+            RDMABuffer(bytearray(8))
+        pm = this_host().spawn_procs(per_host={"gpus": 1})
+        pm.initialized.get(timeout=60)  # started with the setting
+    try:
+        with pytest.raises(Exception, match=refused):
+            pm.spawn("owner", BufferOwner).make.call_one("b", 8).get(timeout=60)
+    finally:
+        pm.stop().get(timeout=60)
+    assert get_rdma_backend() == "tcp"
+    RDMABuffer(bytearray(8)).drop()
+
+
 def test_is_rdma_available_is_deprecated_and_means_ibverbs():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
