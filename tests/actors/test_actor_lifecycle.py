@@ -4,7 +4,6 @@ one thread its sync endpoints run on."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +31,7 @@ from tests.actors.lifecycle_actors import (
     SyncEndpointsAsyncSupervise,
     ThreadLocal,
 )
-from tests.helpers import pid_alive, proc_mesh_fixture, wait_until
+from tests.helpers import pid_alive, proc_mesh_fixture, run_client, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -255,26 +254,21 @@ def test_spawn_refuses_sync_endpoints_with_an_async_hook(procs, cls, hook):
     assert "sync: ['ping']" in str(info.value)
 
 
-def test_a_script_logging_at_info_sees_no_record_of_ours_when_it_ends_normally():
+def test_a_script_logging_at_info_sees_no_record_of_ours_when_it_ends_normally(tmp_path):
     # The client's end closes its broker connection; that disconnect is expected, so it
     # is not reported at INFO (Monarch 0.7 prints nothing here either). A lost broker is.
-    script = """
-import logging
-logging.basicConfig(level=logging.INFO)
-from monarch.actor import this_host
-from tests.actors.actors_for_tests import Echo
-pm = this_host().spawn_procs(per_host={"gpus": 2})
-print(list(pm.spawn("echo", Echo).ping.call(7).get(timeout=60).values()))
-pm.stop().get(timeout=60)
-"""
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
+    rc, out, err = run_client(
+        tmp_path,
+        """
+        import logging
+        logging.basicConfig(level=logging.INFO)
+        from monarch.actor import this_host
+        from tests.actors.actors_for_tests import Echo
+        pm = this_host().spawn_procs(per_host={"gpus": 2})
+        print(list(pm.spawn("echo", Echo).ping.call(7).get(timeout=60).values()))
+        pm.stop().get(timeout=60)
+        """,
     )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[7, 7]"
-    assert "disconnected from the broker" not in done.stderr, done.stderr
+    assert rc == 0, err
+    assert out.strip() == "[7, 7]"
+    assert "disconnected from the broker" not in err, err

@@ -8,7 +8,6 @@ import errno
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,9 +21,8 @@ from monarch.rdma import (
 )
 from monarch.rdma import transports as tr
 from monarch.rdma.transports import choose_transport, ibverbs, same_host
+from tests.helpers import run_client
 from tests.rdma.rdma_actors import pattern
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_actor_owned_buffer_read_and_written_by_the_client(owners, transport):
@@ -205,24 +203,23 @@ def test_system_pyverbs_is_loaded_when_its_abi_matches():
     assert pv is not None and pv.enums.IBV_WR_RDMA_READ is not None
 
 
-def test_loading_pyverbs_leaves_the_root_logger_as_it_was():
+def test_loading_pyverbs_leaves_the_root_logger_as_it_was(tmp_path):
     # Debian's pyverbs calls logging.basicConfig when it loads; a client that had not set
     # up logging would start printing INFO records (found by a third party's benchmark:
     # a bulk payload loaded pyverbs, then "disconnected from the broker" printed at exit)
     if not os.path.isdir(ibverbs.SYSTEM_PYVERBS):
         pytest.skip("python3-pyverbs is not installed")
-    code = (
-        "import logging\n"
-        "from monarch.rdma.transports import ibverbs\n"
-        "pv = ibverbs.import_pyverbs()\n"
-        "root = logging.getLogger()\n"
-        "print(pv is not None, root.handlers, logging.getLevelName(root.level))\n"
+    rc, out, err = run_client(
+        tmp_path,
+        """
+        import logging
+        from monarch.rdma.transports import ibverbs
+        pv = ibverbs.import_pyverbs()
+        root = logging.getLogger()
+        print(pv is not None, root.handlers, logging.getLevelName(root.level))
+        """,
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert out.stdout.split() == ["True", "[]", "WARNING"], out.stdout + out.stderr
+    assert rc == 0 and out.split() == ["True", "[]", "WARNING"], out + err
 
 
 def test_queue_pair_attributes_and_work_requests_build_without_a_device():
