@@ -151,19 +151,13 @@ class PortReceiver(Generic[R]):
             self._raw[0] = LocalMsg(msg.subject, data, msg.reply, msg.headers, owned=True)
         except Exception as e:
             self._raw.popleft()
-            self._deliver(False, 0, e)
+            self._deliver((False, 0, e))
         self._fetching = False
         self._pump()
 
     def _take(self, msg: Any) -> None:
-        if self._closed:
-            return
-        if self._waiting:
-            self._complete(self._waiting.popleft(), *self._read(msg))
-        else:  # read when asked for: a flood of arrivals must not starve their reader
-            self._arrived.append(msg)
-        if self._once:
-            self.close()
+        if not self._closed:
+            self._deliver(msg)  # read when asked for: a flood must not starve its reader
 
     def _read(self, msg: Any) -> tuple[bool, int, Any]:
         """``(ok, rank, value or exception)`` of an arrived message."""
@@ -185,15 +179,18 @@ class PortReceiver(Generic[R]):
             ok, value = False, e
         return ok, rank, value
 
-    def _deliver(self, ok: bool, rank: int, value: Any) -> None:
+    def _deliver(self, item: Any) -> None:
+        """To a waiting ``recv()``, or kept: ``(ok, rank, value)``, or a message, read when
+        taken (:meth:`_read`)."""
         if self._once:
             self.close()
         if self._waiting:
-            self._complete(self._waiting.popleft(), ok, rank, value)
+            self._complete(self._waiting.popleft(), item)
         else:
-            self._arrived.append((ok, rank, value))
+            self._arrived.append(item)
 
-    def _complete(self, fut: Future, ok: bool, rank: int, value: Any) -> None:
+    def _complete(self, fut: Future, item: Any) -> None:
+        ok, rank, value = item if type(item) is tuple else self._read(item)
         if ok:
             fut.set_result((rank, value) if self._ranked else value)
         else:
@@ -205,8 +202,7 @@ class PortReceiver(Generic[R]):
 
         def take() -> None:
             if self._arrived:
-                item = self._arrived.popleft()
-                self._complete(fut, *(item if type(item) is tuple else self._read(item)))
+                self._complete(fut, self._arrived.popleft())
             else:
                 self._waiting.append(fut)
 
