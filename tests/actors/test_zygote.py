@@ -269,3 +269,43 @@ def test_a_forked_procs_inherited_objects_are_out_of_the_collectors_sight(zygote
     )
     assert enabled  # the collector still runs, for the proc's own objects
     assert frozen > tracked > 0, (frozen, tracked)
+
+
+_DRAWS = """
+import json, sys, time
+import torch  # the client works with tensors: its procs are forks of a zygote that has torch
+from monarch.actor import Actor, endpoint, this_host
+
+class Draw(Actor):
+    def __init__(self):
+        self.forked_with_torch = "torch" in sys.modules  # before this actor imported anything
+
+    @endpoint
+    def draw(self):
+        import torch
+        return {"torch": self.forked_with_torch, "seed": torch.initial_seed(),
+                "value": float(torch.rand(1))}
+
+deadline = time.monotonic() + 60
+while True:  # until the torch zygote is ready (it is forked once the first zygote is idle)
+    pm = this_host().spawn_procs(per_host={"procs": 3})
+    draws = list(pm.spawn("d", Draw).draw.call().get(timeout=60).values())
+    pm.stop().get(timeout=30)
+    if all(d["torch"] for d in draws) or time.monotonic() > deadline:
+        break
+    time.sleep(0.5)
+print(json.dumps(draws))
+"""
+
+
+def test_procs_forked_with_torch_draw_different_random_numbers_as_fresh_interpreters_do(tmp_path):
+    """A fork inherits its zygote's torch generator; a fresh interpreter (torchrun's worker,
+    Monarch's proc) seeds its own from the OS. Same draws on every rank would mean the
+    same dropout masks, shuffles and initial weights everywhere."""
+    from tests.helpers import run_client
+
+    rc, out, err = run_client(tmp_path, _DRAWS, timeout=120)
+    assert rc == 0, err[-3000:]
+    draws = json.loads(out.strip().splitlines()[-1])
+    assert all(d["torch"] for d in draws), draws  # these came from the torch zygote
+    assert len({d["seed"] for d in draws}) == 3 and len({d["value"] for d in draws}) == 3, draws

@@ -82,6 +82,21 @@ def preimport_torch() -> None:
         log.warning("torch is installed but does not import: %r", e)
 
 
+def reseed_inherited_random_state() -> None:
+    """Give a proc forked from a zygote that has torch a torch generator of its own.
+
+    A fork inherits its parent's generator state, so without this every proc
+    forked from the torch zygote would draw the same "random" numbers: the
+    same initial weights, dropout masks and data shuffles on every rank. A
+    fresh interpreter (torchrun's worker, Monarch's proc) seeds torch's CPU
+    generator from the OS at import, which ``seed()`` does here. (Python's
+    ``random`` reseeds itself after a fork; CUDA is never started in a zygote.)
+    """
+    generator = getattr(sys.modules.get("torch"), "default_generator", None)
+    if generator is not None:  # (None also for a torch stand-in that has none)
+        generator.seed()
+
+
 def preimport_torch_in_background() -> None:
     """:func:`preimport_torch` on a thread of its own, which ends when it is done.
 

@@ -343,6 +343,7 @@ def _become_proc(req, zygote_pid, replies, proc, child_dies_with_parent, setting
             if path and path not in sys.path:
                 sys.path.insert(0, path)
         settings.cache_clear()  # the child's settings are its own environment's
+        proc.reseed_inherited_random_state()  # not its zygote's, nor its siblings'
         proc.main(["--uid", req["uid"], "--ready", req["ready"]], preimport=False)
     except BaseException:
         import traceback
