@@ -209,3 +209,43 @@ def test_job_with_its_own_broker_is_reused_by_a_second_script(slurm, tmp_path):
         assert wait_until(lambda: not job_processes(first_id), timeout=20)
     finally:
         slurm.run("scancel", first_id, check=False)
+
+
+def test_serve_on_slurm_runs_a_torchrun_role_in_the_allocation_and_kill_ends_it(
+    slurm, nats_url, tmp_path, monkeypatch
+):
+    from monarch.job.spmd import serve
+    from tests.job.test_spmd_job import AppDef, Role
+
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "where.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "keys = ('RANK', 'WORLD_SIZE', 'SLURM_JOB_ID', 'ROLE_ENV')\n"
+        "with open(os.path.join(sys.argv[1], 'rank-' + os.environ['RANK']), 'w') as f:\n"
+        "    json.dump({k: os.environ.get(k) for k in keys}, f)\n"
+    )
+    role = Role(
+        "trainer",
+        "workspace/entrypoint.sh",
+        ["torchrun", "--nnodes=1", "--nproc-per-node=2", str(script), str(tmp_path)],
+        env={"ROLE_ENV": "set"},
+    )
+    job = serve(AppDef("spmd-on-slurm", [role]), scheduler="slurm",
+                scheduler_cfg={"job_dir": str(tmp_path), "time": 10})  # fmt: skip
+    try:
+        job_id = job.handle.removeprefix("slurm://")
+        assert job_id.isdigit() and listed(slurm, job_id)  # submitted; run_spmd waits for it
+        job.run_spmd()
+        assert "RUNNING" in listed(slurm, job_id)  # the hosts stay for the next run
+        seen = [json.loads((tmp_path / f"rank-{r}").read_text()) for r in (0, 1)]
+        assert seen == [
+            {"RANK": str(r), "WORLD_SIZE": "2", "SLURM_JOB_ID": job_id, "ROLE_ENV": "set"}
+            for r in (0, 1)
+        ]
+        job.kill()
+        assert listed(slurm, job_id) == ""
+        assert wait_until(lambda: not job_processes(job_id), timeout=20), job_processes(job_id)
+    finally:
+        if job.active:
+            job.kill()
