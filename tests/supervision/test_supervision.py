@@ -210,3 +210,15 @@ def test_call_through_a_reference_fails_when_the_proc_dies(procs):
     # running, or "gone" from a heartbeat; "no actor" if the kill beat its delivery
     with pytest.raises(SupervisionError, match=r"Killed\(sig=|Stopped\(exit=|gone|no actor"):
         in_flight.get(timeout=30)
+
+
+def test_a_handled_failure_prints_nothing_from_the_failed_proc(procs, tmp_path, capsys):
+    """As in Monarch 0.7: the failure goes to the owner (and, unhandled, to the client, which
+    prints it once); the failed actor's proc does not also log it to the user's terminal."""
+    log = tmp_path / "log"
+    top = procs.spawn("quiet", Owner, "quiet", True, str(log)).slice(gpus=0)
+    top.break_leaf.call_one().get(timeout=60)
+    assert wait_until(lambda: top.seen.call_one().get(timeout=30), timeout=30)
+    printed = capsys.readouterr()  # the leaf's output came before the owner's reply
+    assert "quiet supervise quiet_leaf actor_failed handled=True" in log.read_text()
+    assert "failed: ValueError('leaf failed')" not in printed.out + printed.err

@@ -308,7 +308,9 @@ class ActorInstance(Delivery, Dispatch, Replying):
         if self.failed is not None or self._done:
             return
         self.failed = exc
-        log.error("actor %s failed: %r", self.actor_id, exc)
+        # INFO, as Monarch 0.7 keeps it out of the terminal: the failure goes to the owner
+        # (with its traceback), and one nobody handles is printed once, by the client.
+        log.info("actor %s failed: %r", self.actor_id, exc)
         self.activity.failed(failure_reason(self.actor_id, exc))
         self.rt.loop.create_task(self._after_failure(exc))
 
