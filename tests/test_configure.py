@@ -128,6 +128,34 @@ def test_default_transport_takes_monarchs_channel_transport():
     for bad in ("invalid://scheme", "random_string"):  # as Monarch: ValueError
         with pytest.raises(ValueError, match="default_transport"):
             configure(default_transport=bad)
+
+
+def test_enable_transport_is_monarchs_spelling_of_default_transport_and_refuses_tls():
+    """Monarch scripts call it before attaching to workers: kept like the key, no effect on the
+    wire (everything goes through the broker); asking for TLS must not silently run without."""
+    from monarch.actor import ChannelTransport, enable_transport
+
+    with configured():  # restores the layer afterwards
+        for given, kept in [
+            ("tcp", ChannelTransport.TcpWithHostname),
+            ("ipc", ChannelTransport.Unix),
+            (ChannelTransport.TcpWithLocalhost, ChannelTransport.TcpWithLocalhost),
+            (
+                "tcp://10.0.0.7:26600@tcp://0.0.0.0:26600",
+                "tcp://10.0.0.7:26600@tcp://0.0.0.0:26600",
+            ),
+            ("ipc:///tmp/worker.sock", "ipc:///tmp/worker.sock"),
+        ]:
+            assert enable_transport(given) is None
+            assert get_global_config()["default_transport"] == kept
+        for tls in ("tls", "metatls", "metatls-hostname", ChannelTransport.Tls, "metatls://h:1"):
+            with pytest.raises(NotImplementedError, match="MONARCH_NATS_TLS"):
+                enable_transport(tls)
+        for bad in ("quic", "http://h:80", "tcp://", "tcp://h:1@nowhere"):
+            with pytest.raises(ValueError, match="not a transport"):
+                enable_transport(bad)
+        assert get_global_config()["default_transport"] == "ipc:///tmp/worker.sock"  # unchanged
+    assert get_global_config()["default_transport"] == ChannelTransport.Unix
     assert get_global_config()["default_transport"] == ChannelTransport.Unix
 
 

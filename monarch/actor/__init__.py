@@ -34,7 +34,6 @@ from monarch.actors.client import set_fault_hook_source as _set_fault_hook_sourc
 from monarch.actors.compat import (
     ChannelTransport,
     debug_controller,
-    enable_transport,
     gpu_direct_rdma_supported,
     local_proc_mesh,
     proc_mesh,
@@ -60,6 +59,7 @@ from monarch.actors.procs.controllers import get_or_spawn_controller
 from monarch.actors.procs.host_mesh import HostMesh, this_host
 from monarch.actors.procs.proc_mesh import ProcMesh, this_proc
 from monarch.broker.connections.connect import BrokerConnectionError
+from monarch.config.transport import enable_transport
 from monarch.core.future import Future
 from monarch.core.ids import ProcId, Uid
 from monarch.core.returns_future import returns_future

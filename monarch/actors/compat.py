@@ -47,17 +47,12 @@ class ChannelTransport(enum.Enum):
     """Monarch's wire transports. Here every message goes through NATS, whatever is chosen."""
 
     Unix = "unix"
+    Local = "local"
     TcpWithLocalhost = "tcp_localhost"
     TcpWithHostname = "tcp_hostname"
+    Tls = "tls"
     MetaTlsWithHostname = "metatls_hostname"
-
-
-def enable_transport(transport: Any) -> NoReturn:
-    _missing(
-        "enable_transport",
-        "every control message travels over the NATS broker; point MONARCH_NATS_URL at the "
-        "broker (TLS and credentials are broker settings) instead of choosing a transport",
-    )
+    MetaTlsWithIpV6 = "metatls_ipv6"
 
 
 def gpu_direct_rdma_supported() -> bool:

@@ -236,7 +236,7 @@ INERT: dict[str, Any] = {
 
 # What Monarch's default_transport takes besides a ChannelTransport: these names,
 # or an address with one of them as its scheme ("tcp://127.0.0.1:8080").
-_TRANSPORT_SCHEMES = {"tcp", "unix", "metatls", "local"}
+_TRANSPORT_SCHEMES = {"tcp", "unix", "ipc", "metatls", "local"}
 
 # Keys whose default is None take an int or None, except these.
 _NONE_DEFAULT_TYPES: dict[str, tuple[type, ...]] = {"remote_alloc_allowed_port_range": (slice,)}

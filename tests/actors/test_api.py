@@ -309,7 +309,7 @@ def test_every_monarch_actor_name_exists():
     assert missing == []
 
 
-@pytest.mark.parametrize("name", ["sim_proc_mesh", "debug_controller", "enable_transport"])
+@pytest.mark.parametrize("name", ["sim_proc_mesh", "debug_controller"])
 def test_unsupported_names_say_so(name):
     with pytest.raises(NotImplementedError, match="not available"):
         getattr(api, name)("x")

@@ -56,6 +56,9 @@ class MeshState:
         self.flow = FlowControl(name, loop=rt.loop, **flow_settings(rt.settings))
         self.owner_proc = rt.proc_uid  # where the owner lives, and who it is
         self.owner_actor = "client"
+        # Spawned by the library for its own work (sync_workspace's receivers): a failure
+        # of it is logged, not the user's (their fault hook never hears of it).
+        self.internal = False
         # (rank, count, subject) for messages from here that its actors never got
         # (monarch.actors.messaging.lost_sends): appended on the loop, taken by the next sender.
         self.lost: collections.deque[tuple[int, int, str]] = collections.deque()

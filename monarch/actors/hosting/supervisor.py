@@ -225,6 +225,9 @@ class Supervisor:
         if len(failure.ranks) > 1:
             each = [_one_rank(failure, r, actors.get(r, "")) for r in failure.ranks]
         owner = failure.owner
+        if st is not None and st.internal:  # the library's own mesh: its next use replaces it
+            log.info("internal actor mesh %s failed: %s", failure.mesh_name, failure.message)
+            return
         if owner == ROOT_ACTOR or not owner:
             self._at_root(each)
             return

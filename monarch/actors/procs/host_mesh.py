@@ -24,6 +24,7 @@ import importlib
 import math
 import os
 import socket
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +50,21 @@ from monarch.core.process_runtime import runtime
 from monarch.rdma.bulk import encode_body
 
 
+def _gone(actors: Any) -> bool:
+    """Whether an actor mesh has a dead rank, failed or was stopped."""
+    st = actors._state
+    return bool(st.dead) or st.error is not None or st.stopped is not None
+
+
+class _WorkspaceSlots:
+    """What ``sync_workspace`` keeps for a host mesh and its copies."""
+
+    def __init__(self) -> None:
+        self.receivers: Any = None  # the receiver actors, one per host, once started
+        self.receivers_state: ProcMeshState | None = None  # their proc mesh
+        self.started: weakref.WeakSet[ProcMeshState] = weakref.WeakSet()  # for auto_reload
+
+
 class HostMesh(MeshShapeOps):
     """A mesh of machines that can run procs."""
 
@@ -65,6 +81,7 @@ class HostMesh(MeshShapeOps):
         on_stop: Callable[[], None] | None = None,
         failed: BaseException | None = None,
         _spawned: list[ProcMeshState] | None = None,
+        _workspace: _WorkspaceSlots | None = None,
     ) -> None:
         if hosts is not None and agent_launcher is None:
             raise ValueError("a HostMesh of host agents needs the launcher that talks to them")
@@ -77,6 +94,8 @@ class HostMesh(MeshShapeOps):
         self._machine = machine or socket.gethostname()  # where procs start when hosts is None
         # Proc meshes started from this mesh (and its slices and copies), for shutdown().
         self._spawned: list[ProcMeshState] = [] if _spawned is None else _spawned
+        # sync_workspace's receivers and the proc meshes it reloads (shared by copies too).
+        self._workspace = _WorkspaceSlots() if _workspace is None else _workspace
         # Run on the loop once shutdown() has stopped them (attach_to_workers: tell the
         # workers it dialled that they may end, as Monarch's do).
         self._on_shutdown = on_shutdown
@@ -102,6 +121,7 @@ class HostMesh(MeshShapeOps):
             agent_launcher=self._agent_launcher,
             failed=self._failed,
             _spawned=self._spawned,
+            _workspace=self._workspace,
             **kw,
         )
 
@@ -219,7 +239,53 @@ class HostMesh(MeshShapeOps):
         owned_by_caller(state)
         if self._hosts is not None:  # only meshes of host agents can be owned and shut down
             self._spawned.append(state)
+        self._workspace.started.add(state)
         return ProcMesh(state, View.full(extent))
+
+    def sync_workspace(
+        self, workspace: Any, conda: bool = False, auto_reload: bool = False
+    ) -> Future[None]:
+        """Mirror ``workspace``'s folders to ``$WORKSPACE_DIR/<destination>`` on every host.
+
+        As Monarch's (``await host_mesh.sync_workspace(workspace)``; ``.get()``
+        works too): each folder ends up on each host as rsync ``--archive
+        --delete`` would leave it, and only changed files travel (over the
+        broker; :mod:`monarch.actors.procs.workspace_sync`). ``WORKSPACE_DIR``
+        is read on each host. ``auto_reload``: the running procs started from
+        this mesh then reload the modules whose files changed. A slice or a
+        received reference of a mesh of host agents raises ``RuntimeError``,
+        as in Monarch; ``conda=True`` with a conda environment active raises
+        ``NotImplementedError`` (environments are not mirrored here).
+        """
+        from monarch.actors.procs import workspace_sync  # deferred: only its users pay
+
+        if self._owned is None:
+            raise RuntimeError(f"HostMesh has already been {self._ended or 'shut down'}")
+        if self._hosts is not None and not self._owned:
+            raise RuntimeError(
+                "cannot call sync_workspace on a sliced host mesh or one that was sent over an "
+                "actor endpoint"
+            )
+        env = getattr(workspace, "env", None)
+        prefix = getattr(env, "_conda_prefix", None) or os.environ.get("CONDA_PREFIX")
+        if conda and prefix:
+            raise NotImplementedError(
+                f"sync_workspace(conda=True): mirroring the conda environment {prefix!r} is not "
+                "built in monarch over NATS; install the environment on the hosts instead"
+            )
+        for dst in getattr(workspace, "dirs", {}).values():
+            workspace_sync.check_destination(str(dst))
+        slots = self._workspace
+        held = slots.receivers_state
+        if held is None or held.stopping or held.rt is not runtime() or _gone(slots.receivers):
+            procs = self.spawn_procs(per_host={}, name="workspace_sync")
+            slots.started.discard(procs._state)
+            slots.receivers = procs.spawn("_workspace_sync", workspace_sync.WorkspaceReceiver)
+            slots.receivers._state.internal = True  # its hosts' end is not the user's failure
+            slots.receivers_state = procs._state
+        live = [ProcMesh(st, View.full(st.extent)) for st in slots.started if not st.stopping]
+        coro = workspace_sync.sync(slots.receivers, live, workspace, auto_reload)
+        return Future(runtime().run_coro(coro))
 
     def _host_at(self, index: int) -> HostMesh:
         """The ``index``-th host of this (sliced) mesh alone, as a reference of no dimensions."""

@@ -194,6 +194,14 @@ class ProcMesh(MeshShapeOps):
         st.rt.call_soon(register)
         return ActorMesh(mesh_state, View.full(extent))
 
+    def sync_workspace(
+        self, workspace: Any, conda: bool = False, auto_reload: bool = False
+    ) -> None:
+        """Not on a proc mesh, as in Monarch 0.7: use ``HostMesh.sync_workspace``."""
+        raise NotImplementedError(
+            "sync_workspace is not implemented for ProcMesh. Use HostMesh.sync_workspace instead."
+        )
+
     def logging_option(
         self,
         stream_to_client: bool = False,
