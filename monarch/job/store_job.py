@@ -116,43 +116,6 @@ def spawn_worker(address: str, name: str) -> int:
     return child.pid
 
 
-def worker_addresses_from_store(
-    store: StoreLike,
-    *,
-    monarch_port: int = 0,
-    name: str = "monarch_worker",
-    transport: str = "ipc",
-    rank: int | None = None,
-    local_rank: int | None = None,
-    world_size: int | None = None,
-    local_world_size: int | None = None,
-) -> list[str] | None:
-    """Start this node's worker (on its local rank 0); every worker's address on rank 0, else None.
-
-    Called by every rank: rank 0 waits in ``store.get`` until each node's
-    first rank has written its worker's address.
-    """
-    if transport not in _TRANSPORTS:
-        raise ValueError(f"transport must be one of {_TRANSPORTS}, got {transport!r}")
-    rank = _topology(rank, "RANK")
-    local_rank = _topology(local_rank, "LOCAL_RANK")
-    world_size = _topology(world_size, "WORLD_SIZE")
-    per_node = _topology(local_world_size, "LOCAL_WORLD_SIZE")
-    if per_node < 1 or world_size % per_node:
-        raise ValueError(
-            f"WORLD_SIZE ({world_size}) must be a multiple of LOCAL_WORLD_SIZE ({per_node})"
-        )
-    node = rank // per_node
-    if local_rank == 0:
-        worker = f"{name}_{node}"
-        address = _listen_address(transport, monarch_port, worker)
-        spawn_worker(address, worker)
-        store.set(worker_key(node), address.encode())
-    if rank != 0:
-        return None
-    return [store.get(worker_key(n)).decode() for n in range(world_size // per_node)]
-
-
 class StoreJob(JobTrait):
     """The workers of a running SPMD job as one host mesh, named ``name``, of one host per node.
 
@@ -187,17 +150,27 @@ class StoreJob(JobTrait):
         machine reaches, ``MONARCH_NATS_URL``; ``MONARCH_WORKER_KEY`` lets the
         client dial the other machines' workers).
         """
-        addresses = worker_addresses_from_store(
-            store,
-            monarch_port=monarch_port,
-            name=name,
-            transport=transport,
-            rank=rank,
-            local_rank=local_rank,
-            world_size=world_size,
-            local_world_size=local_world_size,
-        )
-        return None if addresses is None else cls(addresses, name)
+        if transport not in _TRANSPORTS:
+            raise ValueError(f"transport must be one of {_TRANSPORTS}, got {transport!r}")
+        rank = _topology(rank, "RANK")
+        local_rank = _topology(local_rank, "LOCAL_RANK")
+        world_size = _topology(world_size, "WORLD_SIZE")
+        per_node = _topology(local_world_size, "LOCAL_WORLD_SIZE")
+        if per_node < 1 or world_size % per_node:
+            raise ValueError(
+                f"WORLD_SIZE ({world_size}) must be a multiple of LOCAL_WORLD_SIZE ({per_node})"
+            )
+        node = rank // per_node
+        if local_rank == 0:  # this node's first rank starts its worker
+            worker = f"{name}_{node}"
+            address = _listen_address(transport, monarch_port, worker)
+            spawn_worker(address, worker)
+            store.set(worker_key(node), address.encode())
+        if rank != 0:
+            return None
+        # Rank 0 waits in store.get until each node's first rank has written its address.
+        nodes = world_size // per_node
+        return cls([store.get(worker_key(n)).decode() for n in range(nodes)], name)
 
     def state(self, cached_path: str | None = None) -> JobState:
         """Attach to the workers; nothing is cached (the job is this SPMD run's)."""

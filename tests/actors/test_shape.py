@@ -152,3 +152,20 @@ def test_endpoint_named_like_a_mesh_attribute_is_refused_at_spawn(nats_url):
             pm.spawn("clash", Clash)
     finally:
         pm.stop().get(timeout=30)
+
+
+def test_point_size_and_value_mesh_get_by_rank_as_in_monarch():
+    from monarch.actor import Point
+
+    extent = Extent(["hosts", "gpus"], [2, 3])
+    point = Point(4, extent)
+    assert (point.size("hosts"), point.size("gpus"), point["gpus"]) == (2, 3, 1)
+    with pytest.raises(ValueError, match="Dimension 'nope' not found"):
+        point.size("nope")
+    vm = ValueMesh(View.full(extent), [10, 11, 12, 13, 14, 15])
+    assert [vm.get(r) for r in range(6)] == [10, 11, 12, 13, 14, 15]
+    assert vm.slice(hosts=1).get(0) == 13  # ranks count within the mesh or slice at hand
+    with pytest.raises(ValueError, match=r"index 6 out of range \(len=6\)"):
+        vm.get(6)
+    with pytest.raises(TypeError, match="rank must be an int"):
+        vm.get("0")

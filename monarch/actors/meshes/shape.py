@@ -115,6 +115,13 @@ class Point(Mapping[str, int]):
         except ValueError:
             raise KeyError(label) from None
 
+    def size(self, label: str) -> int:
+        """The size of dimension ``label`` of this point's extent, as Monarch's; ValueError if none."""
+        try:
+            return self._extent._sizes[self._extent._labels.index(label)]
+        except ValueError:
+            raise ValueError(f"Dimension {label!r} not found") from None
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._extent._labels)
 

@@ -40,6 +40,14 @@ class ValueMesh(MeshShapeOps, Generic[T]):
                 raise IndexError(f"{label}={coords[label]} out of range for size {size}")
         return self._values[self._view.extent.rank_of([coords[label] for label in labels])]
 
+    def get(self, rank: int) -> T:
+        """The value at linear ``rank`` (0 to ``len - 1``), as Monarch's; ValueError outside."""
+        if isinstance(rank, bool) or not isinstance(rank, int):
+            raise TypeError(f"rank must be an int, got {rank!r}")
+        if not 0 <= rank < len(self._values):
+            raise ValueError(f"index {rank} out of range (len={len(self._values)})")
+        return self._values[rank]
+
     def items(self) -> Iterator[tuple[Point, T]]:
         extent = self._view.extent
         for rank, value in enumerate(self._values):
