@@ -272,3 +272,23 @@ def test_a_script_logging_at_info_sees_no_record_of_ours_when_it_ends_normally(t
     assert rc == 0, err
     assert out.strip() == "[7, 7]"
     assert "disconnected from the broker" not in err, err
+
+
+def test_initialized_completes_once_the_mesh_is_spawned_and_leaves_init_failures_to_supervision(
+    procs, root_faults
+):
+    """Monarch 0.7's ActorMesh.initialized: a Future of None; an __init__ that raised is
+    reported to the owner (here the root's hook) and to calls, not by this future."""
+    from monarch.actor import SupervisionError
+    from tests.actors.actors_for_tests import BadInit, Echo
+
+    echo = procs.spawn("init_echo", Echo)
+    assert echo.initialized.get(timeout=60) is None
+    assert echo.slice(gpus=1).initialized.get(timeout=60) is None
+    assert list(echo.ping.call(7).get(timeout=30).values()) == [7, 7]
+    bad = procs.spawn("init_bad", BadInit)
+    assert bad.initialized.get(timeout=60) is None
+    failures = root_faults.wait(2)
+    assert {f.mesh_name for f in failures} == {"init_bad"}
+    with pytest.raises(SupervisionError, match="init exploded"):
+        bad.ping.call(1).get(timeout=30)

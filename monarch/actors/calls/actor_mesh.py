@@ -115,6 +115,18 @@ class ActorMesh(MeshShapeOps, Generic[A]):
         any picklable value (a dataclass, an object holding a list of meshes...)."""
         return (_decode_mesh, (_encode_mesh(self),))
 
+    @property
+    def initialized(self) -> Future[None]:
+        """Completes (None) once the mesh was spawned on its procs, as Monarch 0.7's.
+
+        Here that is once the actors' ``__init__`` ran (a spawn is answered
+        then); Monarch's completes earlier, when the mesh exists. As in
+        Monarch, an ``__init__`` that raised is not reported here but to
+        supervision and to the mesh's calls.
+        """
+        st = self._state
+        return Future(st.rt.run_coro(st.wait_settled()))
+
     def stop(self, reason: str = "stopped by its owner") -> Future[None]:
         """Stop these actors (not their procs): queued messages are handled, then ``__cleanup__``.
 

@@ -11,6 +11,7 @@ caller's thread itself.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import threading
@@ -53,6 +54,7 @@ class MeshState:
         self.proc_uids: list[str] = []  # per rank, where known (owner side)
         self.local: Any = None  # the ActorInstance when the whole mesh is in this process
         self.settled = threading.Event()  # spawned (or failed): references may leave now
+        self._settle_waiters: list[asyncio.Future[None]] = []  # wait_settled(), on the loop
         self.flow = FlowControl(name, loop=rt.loop, **flow_settings(rt.settings))
         self.owner_proc = rt.proc_uid  # where the owner lives, and who it is
         self.owner_actor = "client"
@@ -107,15 +109,29 @@ class MeshState:
         # Only now: a caller's thread that sees it may write its call itself
         # (send_from_thread), which must not overtake the queued ones.
         self.ready = True
-        self.settled.set()
+        self._settle()
 
     def mark_failed(self, exc: BaseException) -> None:
         self.error = exc
-        self.settled.set()
+        self._settle()
         queued, self._queued = self._queued, []
         for _tokens, _body, _headers, gather, _reply in queued:
             if gather is not None:
                 gather.fail(exc)
+
+    def _settle(self) -> None:
+        self.settled.set()
+        waiters, self._settle_waiters = self._settle_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait_settled(self) -> None:
+        """Return once the mesh was spawned or failed to be (loop only)."""
+        if not self.settled.is_set():
+            waiter = self.rt.loop.create_future()
+            self._settle_waiters.append(waiter)
+            await waiter
 
     def stopped_error(self, endpoint: str | None = None) -> MeshStoppedError:
         """What a call to this stopped mesh raises, in Monarch's words (a supervision
