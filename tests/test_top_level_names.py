@@ -333,3 +333,25 @@ def test_monarch_tools_network_answers_like_monarch():
     assert get_sockaddr("127.0.0.1", 8080) == "127.0.0.1:8080"
     with pytest.raises(RuntimeError, match="cannot resolve host"):
         get_ipaddr("no-such-host.invalid", 80, AddrType.IPv4)
+
+
+def test_monarch_builtins_exports_its_log_functions_and_imports_torch_only_then():
+    """``from monarch.builtins import log_remote`` as in Monarch 0.7; the package alone
+    still does not import torch (its functions need it)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys, monarch.builtins as b\n"
+        "assert 'torch' not in sys.modules\n"
+        "from monarch.builtins import log_remote, set_logging_level_remote\n"
+        "from monarch.builtins.log import log_remote as same\n"
+        "assert log_remote is same and b.__all__ == ['log_remote', 'set_logging_level_remote']\n"
+        "try:\n    b.absent\nexcept AttributeError as e:\n    print(e)\n"
+    )
+    root = str(Path(__file__).resolve().parents[1])
+    r = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": root}, capture_output=True,
+                       text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "module 'monarch.builtins' has no attribute 'absent'"

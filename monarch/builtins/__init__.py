@@ -5,3 +5,16 @@ Each is a ``@monarch.remote`` function: call it inside ``with procs.activate():`
 with the tensor ops around it. Importing this package does not import torch;
 importing its modules does.
 """
+
+from typing import Any
+
+__all__ = ["log_remote", "set_logging_level_remote"]
+
+
+def __getattr__(name: str) -> Any:
+    """``from monarch.builtins import log_remote`` as in Monarch 0.7, importing torch only then."""
+    if name in __all__:
+        from monarch.builtins import log
+
+        return getattr(log, name)
+    raise AttributeError(f"module 'monarch.builtins' has no attribute {name!r}")
