@@ -113,6 +113,11 @@ def test_auto_reload_reloads_changed_modules_in_the_running_procs(nats_url, tmp_
         (src / "ws_sync_settings.py").write_text("VALUE = 3\n")
         host.sync_workspace(workspace, auto_reload=True).get(timeout=60)
         assert list(readers.value.call().get(timeout=60).values()) == [3, 3]
+        # A module that no longer loads is the caller's error (the files are synced).
+        (src / "ws_sync_settings.py").write_text("VALUE = (\n")
+        with pytest.raises(ActorError, match="SyntaxError"):
+            host.sync_workspace(workspace, auto_reload=True).get(timeout=60)
+        assert (tmp_path / "remote" / "proj" / "ws_sync_settings.py").read_text() == "VALUE = (\n"
     finally:
         procs.stop().get(timeout=60)
         # The receiver proc sync_workspace keeps on this host for the next sync (until the

@@ -278,6 +278,8 @@ class HostMesh(MeshShapeOps):
         slots = self._workspace
         held = slots.receivers_state
         if held is None or held.stopping or held.rt is not runtime() or _gone(slots.receivers):
+            if held is not None and not held.stopping and held.rt is runtime():
+                runtime().run_coro(held.stop())  # the old receivers' procs that are left
             procs = self.spawn_procs(per_host={}, name="workspace_sync")
             slots.started.discard(procs._state)
             slots.receivers = procs.spawn("_workspace_sync", workspace_sync.WorkspaceReceiver)

@@ -21,6 +21,7 @@ running then reload every module loaded from a file the sync changed
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import importlib
 import logging
@@ -32,6 +33,7 @@ from typing import Any
 
 from monarch.actors.calls.actor import Actor
 from monarch.actors.calls.endpoint import endpoint
+from monarch.actors.errors import SupervisionError
 
 log = logging.getLogger(__name__)
 
@@ -214,8 +216,14 @@ async def sync(receivers: Any, procs: list[Any], workspace: Any, auto_reload: bo
         for pm in procs:
             try:
                 reloader = pm.spawn("_module_reloader", ModuleReloader)
-                reloader._state.internal = True
-                await reloader.reload.call(changed)
-                await reloader.stop()
-            except Exception as e:  # the files are there; a proc that is gone reloads nothing
+            except SupervisionError as e:  # a proc mesh that is gone has nothing to reload
                 log.warning("auto_reload: proc mesh %r did not reload: %s", pm._state.name, e)
+                continue
+            reloader._state.internal = True
+            try:
+                await reloader.reload.call(changed)  # a module that fails to load raises here
+            except SupervisionError as e:
+                log.warning("auto_reload: proc mesh %r did not reload: %s", pm._state.name, e)
+            finally:
+                with contextlib.suppress(Exception):
+                    await reloader.stop()
