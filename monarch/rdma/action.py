@@ -62,14 +62,17 @@ class RDMAAction:
 
     def write_remote(self, dst: RDMABuffer, src: Any, offset: int = 0) -> RDMAAction:
         """Queue a write of all of local ``src`` into buffer ``dst`` from ``offset`` (Monarch's order)."""
-        if not isinstance(dst, RDMABuffer):
-            raise TypeError(
-                f"write_remote(dst, src): dst must be an RDMABuffer, got {type(dst).__name__}"
-            )
-        memory = as_memory(src, "write_remote source")
-        transfer.check_range(dst.handle, offset, memory.size, "write_remote", "source")
-        transfer.check_writable(dst.handle, "write_remote")
-        return self._add("write", dst, offset, memory)
+        return self._write(dst, src, offset, "write_remote(dst, src)")
+
+    def _write(self, buf: Any, local: Any, offset: int, call: str) -> RDMAAction:
+        """Queue a write; errors name ``call``, the method the user called."""
+        op = call.split("(")[0]
+        if not isinstance(buf, RDMABuffer):
+            raise TypeError(f"{call}: the buffer must be an RDMABuffer, got {type(buf).__name__}")
+        memory = as_memory(local, f"{op} source")
+        transfer.check_range(buf.handle, offset, memory.size, op, "source")
+        transfer.check_writable(buf.handle, op)
+        return self._add("write", buf, offset, memory)
 
     def read_into(self, src: RDMABuffer, dst: Any) -> RDMAAction:
         """Read all of ``src`` into ``dst`` (``read_remote(dst, src)``)."""
@@ -77,7 +80,7 @@ class RDMAAction:
 
     def write_from(self, src: RDMABuffer, dst: Any) -> RDMAAction:
         """Write local ``dst`` into buffer ``src`` (``write_remote(src, dst)``)."""
-        return self.write_remote(src, dst)
+        return self._write(src, dst, 0, "write_from(src, dst)")
 
     def fetch_add(self, buf: RDMABuffer, offset: Any, value: int, *, dst: Any = None) -> RDMAAction:
         """Atomically add ``value`` to the word at ``offset``; the result holds the old value.

@@ -95,6 +95,12 @@ def test_bad_atomics_and_overlaps_fail_when_added(nats_url):
     with pytest.raises(ValueError, match="overlaps"):
         RDMAAction().read_remote(buf, view[:16], 0).read_remote(buf, view[8:24], 0)
     RDMAAction().write_remote(buf, view[:16]).write_remote(buf, view[8:24])  # both only read it
+    with pytest.raises(ValueError, match="^write_from: "):  # named as called
+        RDMAAction().write_from(buf, bytearray(65))
+    with pytest.raises(ValueError, match="^write_remote: "):
+        RDMAAction().write_remote(buf, bytearray(65))
+    with pytest.raises(TypeError, match=r"^write_from\(src, dst\): the buffer must be"):
+        RDMAAction().write_from(bytearray(1), buf)
     assert len(RDMAAction().read_remote(buf, view[:8], 0).read_remote(buf, view[8:16], 0)) == 2
     assert RDMAAction().submit().get(timeout=5) is None
     buf.drop()
