@@ -55,6 +55,15 @@ def check_destination(dst: str) -> str:
     return "" if norm in ("", ".") else norm
 
 
+def _digest(path: Path) -> str:
+    """SHA-256 of a file, read in chunks (a large file is never held whole)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def scan(root: Path) -> dict[str, Entry]:
     """Every entry under ``root`` (which must be a folder), by relative path."""
     if not root.is_dir():
@@ -71,8 +80,7 @@ def scan(root: Path) -> dict[str, Entry]:
             elif stat.S_ISDIR(info.st_mode):
                 entries[rel] = ("dir",)
             elif stat.S_ISREG(info.st_mode):
-                digest = hashlib.sha256(path.read_bytes()).hexdigest()
-                entries[rel] = ("file", digest, stat.S_IMODE(info.st_mode))
+                entries[rel] = ("file", _digest(path), stat.S_IMODE(info.st_mode))
         dirnames[:] = [d for d in dirnames if not (base / d).is_symlink()]
     return entries
 
