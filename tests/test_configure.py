@@ -132,31 +132,59 @@ def test_default_transport_takes_monarchs_channel_transport():
 
 def test_enable_transport_is_monarchs_spelling_of_default_transport_and_refuses_tls():
     """Monarch scripts call it before attaching to workers: kept like the key, no effect on the
-    wire (everything goes through the broker); asking for TLS must not silently run without."""
-    from monarch.actor import ChannelTransport, enable_transport
+    wire (everything goes through the broker); asking for TLS must not silently run without.
+    Monarch's rules hold: one transport per process, chosen before the first use. Each case
+    runs in a fresh interpreter, where nothing has been enabled or started yet."""
+    script = textwrap.dedent("""
+        import sys
+        from monarch.actor import ChannelTransport, enable_transport, this_host
+        from monarch.config import get_global_config
+        given = eval(sys.argv[1])
+        try:
+            print(repr(enable_transport(given)), repr(get_global_config()["default_transport"]))
+            print(repr(enable_transport(given)))  # the same again: a no-op
+            other = "ipc" if given != "ipc" else "tcp"
+            enable_transport(other)
+        except Exception as e:
+            print(type(e).__name__, str(e).splitlines()[0])
+        """)  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MONARCH_")}
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-    with configured():  # restores the layer afterwards
-        for given, kept in [
-            ("tcp", ChannelTransport.TcpWithHostname),
-            ("ipc", ChannelTransport.Unix),
-            (ChannelTransport.TcpWithLocalhost, ChannelTransport.TcpWithLocalhost),
-            (
-                "tcp://10.0.0.7:26600@tcp://0.0.0.0:26600",
-                "tcp://10.0.0.7:26600@tcp://0.0.0.0:26600",
-            ),
-            ("ipc:///tmp/worker.sock", "ipc:///tmp/worker.sock"),
-        ]:
-            assert enable_transport(given) is None
-            assert get_global_config()["default_transport"] == kept
-        for tls in ("tls", "metatls", "metatls-hostname", ChannelTransport.Tls, "metatls://h:1"):
-            with pytest.raises(NotImplementedError, match="MONARCH_NATS_TLS"):
-                enable_transport(tls)
-        for bad in ("quic", "http://h:80", "tcp://", "tcp://h:1@nowhere"):
-            with pytest.raises(ValueError, match="not a transport"):
-                enable_transport(bad)
-        assert get_global_config()["default_transport"] == "ipc:///tmp/worker.sock"  # unchanged
-    assert get_global_config()["default_transport"] == ChannelTransport.Unix
-    assert get_global_config()["default_transport"] == ChannelTransport.Unix
+    def run(given: str) -> list[str]:
+        r = subprocess.run([sys.executable, "-c", script, given], env=env, capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip().splitlines()
+
+    for given, kept in [
+        ('"tcp"', "<ChannelTransport.TcpWithHostname: 'tcp_hostname'>"),
+        ('"ipc"', "<ChannelTransport.Unix: 'unix'>"),
+        ("ChannelTransport.TcpWithLocalhost", "<ChannelTransport.TcpWithLocalhost: 'tcp_localhost'>"),
+        ('"tcp://10.0.0.7:26600@tcp://0.0.0.0:26600"', "'tcp://10.0.0.7:26600@tcp://0.0.0.0:26600'"),
+        ('"ipc:///tmp/worker.sock"', "'ipc:///tmp/worker.sock'"),
+    ]:  # fmt: skip
+        out = run(given)
+        assert out[0] == f"None {kept}" and out[1] == "None", out
+        assert out[2].startswith("RuntimeError Only one transport type may be enabled"), out
+    for tls in (
+        '"tls"',
+        '"metatls"',
+        '"metatls-hostname"',
+        "ChannelTransport.Tls",
+        '"metatls://h:1"',
+    ):
+        (line,) = run(tls)
+        assert line.startswith("NotImplementedError") and "MONARCH_NATS_TLS" in line, line
+    for bad in ('"quic"', '"http://h:80"', '"tcp://"', '"tcp://h:1@nowhere"'):
+        (line,) = run(bad)
+        assert line.startswith("ValueError") and "not a transport" in line, line
+    # Once the runtime runs, only the default (Unix) may still be asked for.
+    started = "this_host().spawn_procs().initialized.get(); given = eval(sys.argv[1])"
+    late = script.replace("given = eval(sys.argv[1])", started)
+    r = subprocess.run([sys.executable, "-c", late, '"tcp"'], env=env, capture_output=True,
+                       text=True, timeout=120)  # fmt: skip
+    assert r.stdout.startswith("RuntimeError `enable_transport()` must be called before"), r
 
 
 def test_clear_runtime_config_empties_the_layer():

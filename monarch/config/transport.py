@@ -17,10 +17,12 @@ setting here (``MONARCH_NATS_TLS_*``).
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from monarch.actors.compat import ChannelTransport
 from monarch.config.layer import configure
+from monarch.core.process_runtime import current_runtime_or_none
 
 # Monarch's string shortcuts for its transports.
 _SHORTCUTS = {
@@ -30,6 +32,8 @@ _SHORTCUTS = {
     "metatls-hostname": ChannelTransport.MetaTlsWithHostname,
     "tls": ChannelTransport.Tls,
 }
+_enabled: Any = None  # what enable_transport was given in this process
+_lock = threading.Lock()
 _ENCRYPTED = {
     ChannelTransport.Tls,
     ChannelTransport.MetaTlsWithHostname,
@@ -43,7 +47,9 @@ def enable_transport(transport: ChannelTransport | str) -> None:
     Takes what Monarch takes: a ``ChannelTransport``, one of ``"tcp"`` and
     ``"ipc"``, or an address (``tcp://host:port``, ``tcp://public:port@tcp://bind:port``,
     ``ipc://path``); anything else is a ``ValueError``. A TLS transport raises
-    ``NotImplementedError`` naming the broker's TLS settings.
+    ``NotImplementedError`` naming the broker's TLS settings. As in Monarch, a
+    second, different transport, or any but the default once the runtime has
+    started, raises ``RuntimeError``; the same one again is a no-op.
     """
     value: Any = _SHORTCUTS.get(transport, transport) if isinstance(transport, str) else transport
     if value in _ENCRYPTED or (isinstance(value, str) and value.startswith("metatls://")):
@@ -61,4 +67,18 @@ def enable_transport(transport: ChannelTransport | str) -> None:
                     f"enable_transport({transport!r}): not a transport (a ChannelTransport, "
                     "'tcp' or 'ipc') nor an address (tcp://host:port, ipc://path)"
                 )
+    global _enabled
+    with _lock:  # Monarch's rules: one transport per process, chosen before the first use
+        if current_runtime_or_none() is not None and value != (_enabled or ChannelTransport.Unix):
+            raise RuntimeError(
+                "`enable_transport()` must be called before any other calls in the monarch API. "
+                "If it isn't called, we will implicitly call "
+                "`monarch.enable_transport(ChannelTransport.Unix)` on the first monarch call."
+            )
+        if _enabled is not None and _enabled != value:
+            raise RuntimeError(
+                "Only one transport type may be enabled at one time. Currently enabled "
+                f"transport type is `{_enabled}`. Attempted to enable transport type `{value}`."
+            )
+        _enabled = value
     configure(default_transport=value)

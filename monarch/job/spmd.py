@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import os
 import warnings
 from collections.abc import Mapping, Sequence
@@ -47,11 +46,9 @@ from monarch.job.job import DEFAULT_JOB_PATH, JobState, JobTrait, LocalJob
 from monarch.job.slurm import SlurmJob
 from monarch.job.store_job import StoreJob
 from monarch.job.torchrun_command import TorchrunCommand, parse_torchrun, starts_command
-from monarch.spmd import SPMDActor
+from monarch.spmd.elastic_env import spawn_with_master
 
 __all__ = ["SPMDJob", "StoreJob", "serve"]
-
-log = logging.getLogger(__name__)
 
 _LOCAL = ("local_cwd", "local")
 _SLURM_CFG = {  # torchx's slurm option -> SlurmJob's argument
@@ -62,16 +59,6 @@ _SLURM_CFG = {  # torchx's slurm option -> SlurmJob's argument
     "job_dir": "log_dir",
 }
 _MESH = "workers"  # the host mesh's name in the job's state, as in Monarch
-
-
-class RoleLike(Protocol):
-    """What is read of a torchx ``Role``."""
-
-    name: str
-    entrypoint: str
-    args: list[str]
-    num_replicas: int
-    env: dict[str, str]
 
 
 class AppDefLike(Protocol):
@@ -217,17 +204,16 @@ class SPMDJob(JobTrait):
     def run_spmd(self) -> None:
         """Run the command once on fresh procs of every host; returns when every rank is done.
 
-        Raises an ``ActorError`` if a rank's script raises or exits non-zero;
-        the procs are stopped either way.
+        A rank whose script raises makes it raise that ``ActorError``; one that
+        exits non-zero or dies, a ``SupervisionError`` (docs/spmd.md). The
+        procs are stopped either way.
         """
         workers = self.state(cached_path=None).workers
         per_host = {"gpus": self._command.nproc_per_node}
         bootstrap = functools.partial(_apply_env, self._env) if self._env else None
         procs = workers.spawn_procs(per_host=per_host, bootstrap=bootstrap)
         try:
-            actors = procs.spawn("_SPMDActor", SPMDActor)
-            first = dict.fromkeys(procs.extent.labels, 0)
-            addr, port = actors.slice(**first).get_host_port.call_one(None).get()
+            actors, addr, port = spawn_with_master(procs)
             actors.main.call(addr, port, self._command.script_args).get()
         finally:
             with contextlib.suppress(Exception):  # a failed rank may have taken its proc

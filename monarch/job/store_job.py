@@ -8,16 +8,18 @@ its node and writes the worker's address into the store under
 ``StoreJob`` whose ``state()`` attaches to those workers, so rank 0 becomes a
 Monarch client over the SPMD job's own machines. Every other rank gets None.
 
-A worker is ``run_worker_loop_forever(address=...)`` in a child process
-(:mod:`monarch.job.store_worker`): it listens on that address, and the client's
-``attach_to_workers`` dials it and hands it the client's broker
-(:mod:`monarch.hosts.dial_in`, which also says who may dial). The worker holds
-the read end of a pipe whose write end only its parent rank holds, so it ends
-when that rank ends, however the rank ends (the kernel closes the pipe).
+A worker is ``run_worker_loop_forever(address=...)`` in a child process: it
+listens on that address, and the client's ``attach_to_workers`` dials it and
+hands it the client's broker (:mod:`monarch.hosts.dial_in`, which also says who
+may dial). As the agents of a ``ProcessJob``, it is tied to the rank that
+started it (``PR_SET_PDEATHSIG``): it ends when that rank ends, however it ends
+(so call ``from_store`` from a thread that lives as long as the rank, such as
+its main thread).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -28,16 +30,21 @@ import threading
 from typing import Protocol
 
 from monarch.actor import attach_to_workers
+from monarch.broker.connections._pdeathsig import child_dies_with_parent
 from monarch.job.job import JobState, JobTrait
 
 log = logging.getLogger(__name__)
 
 WORKER_ADDR_ENV = "MONARCH_STORE_WORKER_ADDR"
 """Where the worker child listens (set by its parent rank)."""
-PARENT_PIPE_ENV = "MONARCH_STORE_WORKER_PARENT_FD"
-"""The child's end of the pipe that closes when its parent rank ends."""
 WORKER_NAME_ENV = "MONARCH_STORE_WORKER_NAME"
 """The worker's agent name (``<name>_<node>``)."""
+_WORKER = (
+    "import os\n"
+    "from monarch.actor import run_worker_loop_forever\n"
+    f"run_worker_loop_forever(address=os.environ[{WORKER_ADDR_ENV!r}], "
+    f"name=os.environ[{WORKER_NAME_ENV!r}])\n"
+)
 _TRANSPORTS = ("ipc", "tcp")
 
 
@@ -83,30 +90,17 @@ def _listen_address(transport: str, port: int, name: str) -> str:
 
 def spawn_worker(address: str, name: str) -> int:
     """Start a worker child listening on ``address``; its pid. It ends when this process does."""
-    read_end, write_end = os.pipe()  # the write end stays open here, unused, until we end
-    env = {
-        **os.environ,
-        WORKER_ADDR_ENV: address,
-        PARENT_PIPE_ENV: str(read_end),
-        WORKER_NAME_ENV: name,
-    }
-    try:
-        child = subprocess.Popen(
-            [sys.executable, "-m", "monarch.job.store_worker"],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,  # its procs' output travels to the client, not here
-            start_new_session=True,  # the rank's Ctrl-C is not the worker's
-            pass_fds=(read_end,),
-        )
-    except BaseException:
-        os.close(write_end)
-        raise
-    finally:
-        os.close(read_end)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _WORKER],
+        env={**os.environ, WORKER_ADDR_ENV: address, WORKER_NAME_ENV: name},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,  # its procs' output travels to the client, not here
+        start_new_session=True,  # the rank's Ctrl-C is not the worker's
+        preexec_fn=functools.partial(child_dies_with_parent, os.getpid()),
+    )
     log.info("monarch worker %s started, pid %d, listening on %s", name, child.pid, address)
 
-    def reap() -> None:  # also keeps the Popen, and the write end, for our lifetime
+    def reap() -> None:
         code = child.wait()
         (log.info if code == 0 else log.warning)(
             "monarch worker %s (pid %d, %s) exited with %d", name, child.pid, address, code

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from monarch.actor import ProcMesh
+from monarch.actor import ActorMesh, ProcMesh
 from monarch.spmd.actor import SPMDActor
 from monarch.tools.network import AddrType
 
@@ -40,13 +40,27 @@ def setup_torch_elastic_env(
     ``torch.distributed.init_process_group()`` with no arguments. Raises
     ``ValueError`` when only one of ``master_addr``/``master_port`` is given.
     """
+    actors, master_addr, master_port = spawn_with_master(
+        proc_mesh, master_addr, master_port, use_ipaddr
+    )
+    actors.setup_env.call(master_addr, master_port).get()
+
+
+def spawn_with_master(
+    proc_mesh: ProcMesh,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    use_ipaddr: AddrType | None = None,
+) -> tuple[ActorMesh[SPMDActor], str, int]:
+    """An :class:`SPMDActor` on every proc, and the master: the one given, or else the
+    first proc's host (name, or IP of ``use_ipaddr``'s family) and a free port there."""
     _check_master(master_addr, master_port)
     actors = proc_mesh.spawn(SPMD_MESH_NAME, SPMDActor)
     if master_addr is None:
         master_addr, master_port = (
             actors.slice(**_first(proc_mesh)).get_host_port.call_one(use_ipaddr).get()
         )
-    actors.setup_env.call(master_addr, master_port).get()
+    return actors, master_addr, master_port  # type: ignore[return-value]
 
 
 async def setup_torch_elastic_env_async(

@@ -69,7 +69,7 @@ def scan(root: Path) -> dict[str, Entry]:
     if not root.is_dir():
         raise FileNotFoundError(f"workspace folder {str(root)!r} is not a folder")
     entries: dict[str, Entry] = {}
-    for folder, dirnames, filenames in os.walk(root):
+    for folder, dirnames, filenames in os.walk(root):  # links to folders: not followed
         base = Path(folder)
         for name in [*dirnames, *filenames]:
             path = base / name
@@ -81,7 +81,6 @@ def scan(root: Path) -> dict[str, Entry]:
                 entries[rel] = ("dir",)
             elif stat.S_ISREG(info.st_mode):
                 entries[rel] = ("file", _digest(path), stat.S_IMODE(info.st_mode))
-        dirnames[:] = [d for d in dirnames if not (base / d).is_symlink()]
     return entries
 
 
